@@ -1,0 +1,112 @@
+/*
+ * The few things the Cython kernels need that Cython cannot express:
+ *   - CPU feature detection (CPUID leaves 1 and 7, XGETBV for OS support of YMM state),
+ *   - whether this module was compiled with OpenMP, and thin wrappers over the OpenMP runtime
+ *     that also compile (as single-threaded stubs) when it was not,
+ *   - a prefetch hint.
+ * Everything here is a pure function of its arguments or of the CPU: no mutable state.
+ */
+#ifndef CYATTN_SUPPORT_H
+#define CYATTN_SUPPORT_H
+
+#include <stdint.h>
+
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__) || defined(_M_IX86)
+#define CYATTN_X86 1
+#if defined(_MSC_VER)
+#include <intrin.h>
+#include <immintrin.h>
+#else
+#include <cpuid.h>
+#endif
+#else
+#define CYATTN_X86 0
+#endif
+
+/* Feature bits reported by cyattn_cpu_features(). */
+#define CYATTN_CPU_SSE2    1
+#define CYATTN_CPU_AVX     2
+#define CYATTN_CPU_FMA     4
+#define CYATTN_CPU_AVX2    8
+#define CYATTN_CPU_OSYMM   16   /* the OS saves YMM state (XCR0 bits 1 and 2) */
+#define CYATTN_CPU_AVX512F 32
+#define CYATTN_CPU_NEON    64
+
+#if CYATTN_X86
+static void cyattn_cpuid(unsigned int leaf, unsigned int sub, unsigned int r[4]) {
+#if defined(_MSC_VER)
+    int regs[4];
+    __cpuidex(regs, (int)leaf, (int)sub);
+    r[0] = (unsigned int)regs[0]; r[1] = (unsigned int)regs[1];
+    r[2] = (unsigned int)regs[2]; r[3] = (unsigned int)regs[3];
+#else
+    unsigned int a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(leaf, sub, &a, &b, &c, &d)) { a = b = c = d = 0; }
+    r[0] = a; r[1] = b; r[2] = c; r[3] = d;
+#endif
+}
+
+static uint64_t cyattn_xgetbv0(void) {
+#if defined(_MSC_VER)
+    return (uint64_t)_xgetbv(0);
+#else
+    unsigned int lo, hi;
+    __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+#endif
+}
+#endif
+
+static int cyattn_cpu_features(void) {
+    int f = 0;
+#if CYATTN_X86
+    unsigned int r[4];
+    unsigned int max_leaf;
+    cyattn_cpuid(0, 0, r);
+    max_leaf = r[0];
+    if (max_leaf < 1) return 0;
+    cyattn_cpuid(1, 0, r);
+    if (r[3] & (1u << 26)) f |= CYATTN_CPU_SSE2;
+    if (r[2] & (1u << 12)) f |= CYATTN_CPU_FMA;
+    if (r[2] & (1u << 28)) f |= CYATTN_CPU_AVX;
+    if ((r[2] & (1u << 27)) && (cyattn_xgetbv0() & 6u) == 6u) f |= CYATTN_CPU_OSYMM;
+    if (max_leaf >= 7) {
+        cyattn_cpuid(7, 0, r);
+        if (r[1] & (1u << 5)) f |= CYATTN_CPU_AVX2;
+        if (r[1] & (1u << 16)) f |= CYATTN_CPU_AVX512F;
+    }
+#elif defined(__aarch64__) || defined(_M_ARM64)
+    f |= CYATTN_CPU_NEON;
+#endif
+    return f;
+}
+
+/* ---- OpenMP -------------------------------------------------------------------------- */
+#if defined(_OPENMP)
+#include <omp.h>
+static int cyattn_openmp_enabled(void) { return 1; }
+static int cyattn_omp_max_threads(void) { return omp_get_max_threads(); }
+static int cyattn_omp_num_procs(void) { return omp_get_num_procs(); }
+/* Release the runtime's thread pool (OpenMP 5.0); returns 0 on success, nonzero if unsupported. */
+static int cyattn_omp_pause(void) {
+#if _OPENMP >= 201811
+    return omp_pause_resource_all(omp_pause_hard);
+#else
+    return -1;
+#endif
+}
+#else
+static int cyattn_openmp_enabled(void) { return 0; }
+static int cyattn_omp_max_threads(void) { return 1; }
+static int cyattn_omp_num_procs(void) { return 1; }
+static int cyattn_omp_pause(void) { return -1; }
+#endif
+
+/* ---- prefetch ------------------------------------------------------------------------ */
+#if defined(__GNUC__) || defined(__clang__)
+#define cyattn_prefetch_w(p) __builtin_prefetch((const void *)(p), 1, 3)
+#else
+#define cyattn_prefetch_w(p) ((void)(p))
+#endif
+
+#endif /* CYATTN_SUPPORT_H */

@@ -1,0 +1,18 @@
+# Declarations shared by the kernel modules: the C support header (CPU features, OpenMP
+# wrappers, prefetch) that Cython cannot express itself. Only extern declarations live here,
+# so cimporting this file needs no runtime module.
+
+cdef extern from "_cyattn_support.h" nogil:
+    int CYATTN_CPU_SSE2
+    int CYATTN_CPU_AVX
+    int CYATTN_CPU_FMA
+    int CYATTN_CPU_AVX2
+    int CYATTN_CPU_OSYMM
+    int CYATTN_CPU_AVX512F
+    int CYATTN_CPU_NEON
+    int cyattn_cpu_features()
+    int cyattn_openmp_enabled()
+    int cyattn_omp_max_threads()
+    int cyattn_omp_num_procs()
+    int cyattn_omp_pause()
+    void cyattn_prefetch_w(const void* p)

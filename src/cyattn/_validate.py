@@ -1,0 +1,163 @@
+"""Input checks shared by the public functions: one place for each rule.
+
+The dtype policy (DESIGN 3.7): float32 and float64 are computed natively and preserved;
+float16 is computed in float32 and returned as float16; mixed float inputs promote with
+``np.result_type``; bool, integer, complex, object and other dtypes raise TypeError. Masks do
+not take part in promotion: a float mask is cast to the compute dtype, a bool mask selects.
+Every message names the function, the argument, what it got and what was expected.
+"""
+import numbers
+import operator
+
+import numpy as np
+
+from ._backend import in_forked_child, max_threads
+
+_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+def as_float_array(x, name, fname):
+    """``x`` as an ndarray of a supported float dtype (no copy when it already is one)."""
+    if isinstance(x, np.ndarray):
+        arr = x
+    else:
+        try:
+            arr = np.asarray(x)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{fname}: {name} could not be converted to an array ({exc}); "
+                            f"expected an array of float16, float32 or float64") from None
+    if arr.dtype not in _FLOATS:
+        raise TypeError(f"{fname}: {name} has dtype {arr.dtype}; expected float16, float32 or "
+                        f"float64 (cast integer data explicitly)")
+    return arr
+
+
+def float_dtypes(*arrays):
+    """(compute dtype, result dtype) for float arrays: float16 computes in float32."""
+    result = np.result_type(*arrays)
+    compute = np.dtype(np.float32) if result == np.float16 else result
+    return compute, result
+
+
+def kernel_ready(arr, dtype):
+    """``arr`` in ``dtype`` with aligned data and strides that are multiples of the itemsize.
+
+    Arrays that already qualify are returned as they are (any strides, also negative or zero);
+    others (misaligned buffers, fields of packed records, other dtypes) are copied.
+    """
+    if arr.dtype != dtype:
+        arr = arr.astype(dtype)
+    item = arr.itemsize
+    if not arr.flags.aligned or any(s % item for s in arr.strides):
+        arr = np.ascontiguousarray(arr)
+    return arr
+
+
+def prepare_mask(mask, name, fname, compute_dtype):
+    """(kind, array): kind 0 none, 1 bool (as a uint8 view, True = keep), 2 additive float."""
+    if mask is None:
+        return 0, None
+    arr = mask if isinstance(mask, np.ndarray) else np.asarray(mask)
+    if arr.dtype == np.bool_:
+        arr = arr if arr.flags.aligned else np.ascontiguousarray(arr)
+        return 1, arr.view(np.uint8)
+    if arr.dtype in _FLOATS:
+        return 2, kernel_ready(arr, compute_dtype)
+    raise TypeError(f"{fname}: {name} has dtype {arr.dtype}; expected bool (True = take part) or "
+                    f"a float dtype (added to the scores). Integer masks are ambiguous: use "
+                    f"mask.astype(bool) for a keep-mask")
+
+
+def broadcast_mask(mask, target_shape, name, fname):
+    """A read-only view of ``mask`` broadcast to ``target_shape``; it may not enlarge it."""
+    try:
+        shape = np.broadcast_shapes(mask.shape, target_shape)
+    except ValueError:
+        shape = None
+    if shape != tuple(target_shape):
+        raise ValueError(f"{fname}: {name} has shape {mask.shape}, which does not broadcast to "
+                         f"{tuple(target_shape)} without enlarging it")
+    return np.broadcast_to(mask, target_shape)
+
+
+def normalize_axis(axis, ndim, fname):
+    try:
+        ax = operator.index(axis)
+    except TypeError:
+        raise TypeError(f"{fname}: axis must be an integer, got {type(axis).__name__}") from None
+    if not -ndim <= ax < ndim:
+        raise ValueError(f"{fname}: axis {axis} is out of bounds for an array of dimension {ndim}")
+    return ax % ndim
+
+
+def check_out(out, shape, dtype, fname):
+    """Raise unless ``out`` is a writable ndarray of exactly ``shape`` and ``dtype``."""
+    if not isinstance(out, np.ndarray):
+        raise ValueError(f"{fname}: out must be a numpy.ndarray, got {type(out).__name__}")
+    if out.shape != tuple(shape):
+        raise ValueError(f"{fname}: out has shape {out.shape}; expected {tuple(shape)}")
+    if out.dtype != dtype:
+        raise ValueError(f"{fname}: out has dtype {out.dtype}; expected {np.dtype(dtype)}")
+    if not out.flags.writeable:
+        raise ValueError(f"{fname}: out is read-only; expected a writable array")
+
+
+def writes_in_place(out, dtype, inputs):
+    """True if a kernel may write straight into ``out``: C-contiguous, aligned, of the compute
+    dtype and sharing no memory with any input."""
+    return (out.dtype == dtype and out.flags.c_contiguous and out.flags.aligned
+            and not any(a is not None and np.may_share_memory(out, a) for a in inputs))
+
+
+def resolve_threads(n_threads, fname):
+    """The number of OpenMP threads for a call (DESIGN 3.11)."""
+    limit = max_threads()
+    if n_threads is None:
+        return limit
+    if isinstance(n_threads, (bool, np.bool_)) or not isinstance(n_threads, numbers.Integral):
+        raise TypeError(f"{fname}: n_threads must be an int or None, got "
+                        f"{type(n_threads).__name__}")
+    n = int(n_threads)
+    if n == 0:
+        raise ValueError(f"{fname}: n_threads must be nonzero (None for the default, a negative "
+                         f"value counts back from the maximum of {limit}), got 0")
+    if n < 0:
+        n = max(1, limit + 1 + n)
+    return 1 if in_forked_child() else n
+
+
+def check_bool(value, name, fname):
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{fname}: {name} must be a bool, got {type(value).__name__}")
+
+
+def check_real(value, name, fname):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{fname}: {name} must be a real number, got {type(value).__name__}")
+    return float(value)
+
+
+def batch_offsets(arr, batch_shape, head_group=1):
+    """Element offsets of each ``arr[..., :, :]`` matrix, for every index of ``batch_shape`` in
+    C order, broadcasting ``arr``'s batch dims (size 1 or missing -> offset 0).
+
+    With ``head_group > 1`` (grouped-query attention) the last batch dim is the head dim and
+    index h maps to ``h // head_group`` of ``arr``.
+    """
+    nb = len(batch_shape)
+    item = arr.itemsize
+    own_shape = arr.shape[:-2]
+    own_strides = arr.strides[:-2]
+    lead = nb - len(own_shape)
+    strides = np.zeros(nb, dtype=np.int64)
+    for d, (size, stride) in enumerate(zip(own_shape, own_strides)):
+        if size != 1 or (head_group > 1 and lead + d == nb - 1):
+            strides[lead + d] = stride // item
+    count = int(np.prod(batch_shape, dtype=np.int64))
+    if nb == 0 or not strides.any():
+        return np.zeros(max(count, 1) if nb == 0 else count, dtype=np.int64)
+    idx = np.indices(batch_shape, dtype=np.int64).reshape(nb, -1)
+    if head_group > 1:
+        idx[nb - 1] //= head_group
+    return strides @ idx

@@ -1,0 +1,196 @@
+"""Scaled dot-product attention ``softmax(scale * Q K^T + mask) V``."""
+import math
+
+import numpy as np
+
+from . import _backend
+from . import _validate as V
+
+__all__ = ["scaled_dot_product_attention"]
+
+_FNAME = "cyattn.scaled_dot_product_attention"
+_ALIGNMENTS = ("top_left", "bottom_right")
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
+                                 *, causal_alignment="top_left", enable_gqa=False,
+                                 return_lse=False, out=None, n_threads=None):
+    r"""Scaled dot-product attention: ``softmax(scale * query @ key^T + mask) @ value``.
+
+    Parameters
+    ----------
+    query : array_like of float, shape (..., L, E)
+    key : array_like of float, shape (..., S, E)
+    value : array_like of float, shape (..., S, Ev)
+        Batch dimensions (``...``, e.g. batch and heads) broadcast like :func:`numpy.matmul`.
+        float32 and float64 are computed natively, float16 in float32 (returned as float16);
+        mixed float dtypes promote with ``np.result_type``.
+    attn_mask : array_like of bool or float, optional
+        Broadcastable to ``(..., L, S)`` without enlarging the result. **bool**: True = the
+        query may attend to the key (PyTorch SDPA convention); a False position gets exactly
+        zero weight and its key and value are never read. **float**: added to the scaled
+        scores (cast to the compute dtype); ``-inf`` removes a position, a finite value such as
+        ``-1e9`` only shifts it. Integer masks raise TypeError.
+    is_causal : bool, optional
+        Restrict query ``i`` to keys ``j <= i`` (``"top_left"``) or ``j <= i + S - L``
+        (``"bottom_right"``). Composes with ``attn_mask`` by AND.
+    scale : float, optional
+        Multiplies ``query @ key^T`` (never the mask). Default ``1 / sqrt(E)`` (1.0 when E = 0).
+        An explicit value, including 0.0, is honoured.
+    causal_alignment : {"top_left", "bottom_right"}, keyword-only
+        Alignment of the causal diagonal when L != S. ``"top_left"`` is PyTorch's and JAX's
+        ``is_causal``; ``"bottom_right"`` is flash-attention >= 2.1's, right for decoding with a
+        KV cache.
+    enable_gqa : bool, keyword-only
+        Grouped-query attention: the head dimension (axis -3) of ``key``/``value`` may be a
+        divisor of the query's; query head ``h`` uses key/value head ``h // (Hq // Hkv)``.
+    return_lse : bool, keyword-only
+        Also return the log-sum-exp of each row's scaled, masked scores.
+    out : ndarray, keyword-only, optional
+        Writable array of shape ``(..., L, Ev)`` and the result dtype to hold the output.
+    n_threads : int, keyword-only, optional
+        OpenMP threads: None for the default, a positive count, or negative to count back from
+        the maximum (-1 = all).
+
+    Returns
+    -------
+    output : ndarray, shape (..., L, Ev)
+    lse : ndarray, shape (..., L)
+        Only with ``return_lse=True``: natural log of each row's softmax denominator,
+        ``max + log(sum(exp(s - max)))`` over the scaled, masked scores ``s``; ``-inf`` for a
+        fully masked row.
+
+    Raises
+    ------
+    TypeError
+        If an input is not a float array, the mask is an integer (or other non-bool, non-float)
+        array, ``scale`` is not a real number, ``is_causal``/``enable_gqa``/``return_lse`` is
+        not a bool, or ``n_threads`` is not an int.
+    ValueError
+        If an input has fewer than 2 dimensions, E or S do not match between the inputs, the
+        batch dimensions do not broadcast (or, with ``enable_gqa``, the query heads are not a
+        multiple of the key/value heads), the mask does not broadcast to ``(..., L, S)``
+        without enlarging it, ``causal_alignment`` is unknown, ``out`` is not a writable
+        ndarray of the result shape and dtype, or ``n_threads == 0``. A call that raises leaves
+        ``out`` untouched.
+
+    Notes
+    -----
+    A query row with no permitted key (bool mask all False, causal, ``S = 0``, or every score
+    ``-inf``) is *fully masked*: its output is 0 and its lse ``-inf``, never NaN, without a
+    warning. A NaN or ``+inf`` score in a permitted position makes that row NaN. A key whose
+    weight is exactly 0 is never read into the output, so NaN or inf in masked-out values
+    cannot leak. The L x S scores are formed one block of 64 query rows at a time in per-thread
+    scratch; tasks (batch x head x query block) run in parallel and results are bit-identical
+    for any thread count. The GIL is released while the kernel runs.
+
+    Source: Vaswani et al., "Attention Is All You Need", NeurIPS 2017 (eq. 1); the masking
+    and fully-masked-row semantics follow PyTorch >= 2.5 ``scaled_dot_product_attention``.
+
+    Examples
+    --------
+    >>> import numpy as np, cyattn
+    >>> q = np.array([[1.0]]); k = np.array([[2.0], [1.0], [0.0]])
+    >>> v = np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 1.0]])
+    >>> cyattn.scaled_dot_product_attention(q, k, v, scale=1.0).round(3)
+    array([[0.935, 0.579]])
+    >>> mask = np.array([[False, False, False]])
+    >>> cyattn.scaled_dot_product_attention(q, k, v, mask)
+    array([[0., 0.]])
+    """
+    f = _FNAME
+    query = V.as_float_array(query, "query", f)
+    key = V.as_float_array(key, "key", f)
+    value = V.as_float_array(value, "value", f)
+    is_causal = V.check_bool(is_causal, "is_causal", f)
+    enable_gqa = V.check_bool(enable_gqa, "enable_gqa", f)
+    return_lse = V.check_bool(return_lse, "return_lse", f)
+    if causal_alignment not in _ALIGNMENTS:
+        raise ValueError(f"{f}: causal_alignment must be 'top_left' or 'bottom_right', "
+                         f"got {causal_alignment!r}")
+    for name, arr in (("query", query), ("key", key), ("value", value)):
+        if arr.ndim < 2:
+            raise ValueError(f"{f}: {name} must have at least 2 dimensions (..., length, dim), "
+                             f"got shape {arr.shape}")
+    L, E = query.shape[-2:]
+    S, Ek = key.shape[-2:]
+    Sv, Ev = value.shape[-2:]
+    if Ek != E:
+        raise ValueError(f"{f}: query has E={E} (shape {query.shape}) but key has E={Ek} "
+                         f"(shape {key.shape}); expected equal last dimensions")
+    if Sv != S:
+        raise ValueError(f"{f}: key has S={S} rows (shape {key.shape}) but value has {Sv} "
+                         f"(shape {value.shape}); expected equal")
+    batch, group = _batch_shape(query, key, value, enable_gqa)
+    compute, result = V.float_dtypes(query, key, value)
+    if scale is None:
+        scale = 1.0 / math.sqrt(E) if E > 0 else 1.0
+    else:
+        scale = V.check_real(scale, "scale", f)
+    kind, mask = V.prepare_mask(attn_mask, "attn_mask", f, compute)
+    if kind:
+        mask = V.broadcast_mask(mask, batch + (L, S), "attn_mask", f)
+    out_shape = batch + (L, Ev)
+    if out is not None:
+        V.check_out(out, out_shape, result, f)
+    n_threads = V.resolve_threads(n_threads, f)
+
+    count = math.prod(batch)
+    if out is not None and V.writes_in_place(out, compute, (query, key, value, attn_mask)):
+        res = out
+    else:
+        res = np.empty(out_shape, dtype=compute)
+    lse = np.empty(batch + (L,), dtype=compute)
+    if count and L:
+        query = V.kernel_ready(query, compute)
+        key = V.kernel_ready(key, compute)
+        value = V.kernel_ready(value, compute)
+        item = query.itemsize
+        if kind:
+            m_off = V.batch_offsets(mask, batch)
+            m_rs, m_cs = mask.strides[-2] // mask.itemsize, mask.strides[-1] // mask.itemsize
+        else:
+            m_off, m_rs, m_cs = np.zeros(1, np.int64), 0, 0
+        _backend.kernels.attention(
+            query, V.batch_offsets(query, batch), query.strides[-2] // item,
+            query.strides[-1] // item,
+            key, V.batch_offsets(key, batch, group), key.strides[-2] // item,
+            key.strides[-1] // item,
+            value, V.batch_offsets(value, batch, group), value.strides[-2] // item,
+            value.strides[-1] // item,
+            mask, kind, m_off, m_rs, m_cs, res, lse, L, S, E, Ev, scale, is_causal,
+            (S - L) if causal_alignment == "bottom_right" else 0, n_threads)
+    if out is not None:
+        if res is not out:
+            np.copyto(out, res, casting="unsafe")
+        res = out
+    else:
+        res = res.astype(result, copy=False)
+    if return_lse:
+        return res, lse.astype(result, copy=False)
+    return res
+
+
+def _batch_shape(query, key, value, enable_gqa):
+    """Broadcast batch shape of the three inputs and the GQA head group size."""
+    qb, kb, vb = query.shape[:-2], key.shape[:-2], value.shape[:-2]
+    if not enable_gqa:
+        try:
+            return np.broadcast_shapes(qb, kb, vb), 1
+        except ValueError:
+            raise ValueError(f"{_FNAME}: batch dimensions of query {qb}, key {kb} and value "
+                             f"{vb} do not broadcast together") from None
+    if min(len(qb), len(kb), len(vb)) < 1:
+        raise ValueError(f"{_FNAME}: enable_gqa needs a head dimension (axis -3) on query, key "
+                         f"and value; got shapes {query.shape}, {key.shape}, {value.shape}")
+    hq, hk, hv = qb[-1], kb[-1], vb[-1]
+    if hk != hv or hk == 0 or hq % hk:
+        raise ValueError(f"{_FNAME}: with enable_gqa, key and value must have the same number "
+                         f"of heads dividing the query's; got query {hq}, key {hk}, value {hv} "
+                         f"heads")
+    try:
+        outer = np.broadcast_shapes(qb[:-1], kb[:-1], vb[:-1])
+    except ValueError:
+        raise ValueError(f"{_FNAME}: batch dimensions of query {qb[:-1]}, key {kb[:-1]} and "
+                         f"value {vb[:-1]} do not broadcast together") from None
+    return outer + (hq,), hq // hk

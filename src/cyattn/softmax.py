@@ -1,0 +1,151 @@
+"""Masked, numerically stable softmax and log-softmax over one axis."""
+import numpy as np
+
+from . import _backend
+from . import _validate as V
+
+__all__ = ["softmax", "log_softmax"]
+
+
+def _softmax(fname, x, axis, mask, out, log_out):
+    x = V.as_float_array(x, "x", fname)
+    if x.ndim == 0:
+        raise ValueError(f"{fname}: x must have at least 1 dimension, got a 0-d array")
+    compute, result = V.float_dtypes(x)
+    ax = V.normalize_axis(axis, x.ndim, fname)
+    kind, marr = V.prepare_mask(mask, "mask", fname, compute)
+    if kind:
+        marr = V.broadcast_mask(marr, x.shape, "mask", fname)
+    if out is not None:
+        V.check_out(out, x.shape, result, fname)
+    n = x.shape[ax]
+    rows = x.size // n if n else 0
+    moved = np.moveaxis(x, ax, -1)
+    if out is not None and ax == x.ndim - 1 and V.writes_in_place(out, compute, (x, mask)):
+        res = out
+    else:
+        res = np.empty(moved.shape, dtype=compute)
+    if rows and n:
+        xc = np.ascontiguousarray(moved, dtype=compute)
+        bm = am = None
+        b_rs = b_cs = a_rs = a_cs = 0
+        if kind:
+            m2 = np.moveaxis(marr, ax, -1).reshape(rows, n)
+            item = m2.itemsize
+            rs, cs = m2.strides[0] // item, m2.strides[1] // item
+            if kind == 1:
+                bm, b_rs, b_cs = m2, rs, cs
+            else:
+                am, a_rs, a_cs = m2, rs, cs
+        _backend.kernels.softmax_rows(xc.reshape(rows, n), res.reshape(rows, n), bm, am,
+                             b_rs, b_cs, a_rs, a_cs, log_out, V.resolve_threads(None, fname))
+    res = np.moveaxis(res, -1, ax)
+    if out is None:
+        return res.astype(result, copy=False)
+    if res is not out:
+        np.copyto(out, res, casting="unsafe")
+    return out
+
+
+def softmax(x, axis=-1, *, mask=None, out=None):
+    r"""Numerically stable softmax ``exp(x - max) / sum(exp(x - max))`` along ``axis``.
+
+    Parameters
+    ----------
+    x : array_like of float16, float32 or float64, shape (..., n, ...)
+        Logits. float32 and float64 are computed natively; float16 is computed in float32
+        and returned as float16.
+    axis : int, optional
+        Axis to normalise over (default -1, negative values count from the end).
+    mask : array_like of bool or float, optional
+        Broadcastable to ``x.shape`` (it may not enlarge it). **bool**: True = the entry takes
+        part; a False entry gets exactly zero weight and its ``x`` value is never read (a NaN
+        there cannot leak). **float**: added to ``x`` before the softmax; ``-inf`` removes an
+        entry, a finite value such as ``-1e9`` only shifts it. Integer masks raise TypeError.
+    out : ndarray, optional
+        Writable array of ``x``'s shape and result dtype to hold the result.
+
+    Returns
+    -------
+    ndarray
+        Same shape as ``x``, dtype float32/float64 as ``x`` (float16 for float16). Each
+        non-empty row sums to 1 (up to rounding).
+
+    Raises
+    ------
+    TypeError
+        If ``x`` is not a float array (bool, int, complex, object), ``mask`` has an integer or
+        other non-bool, non-float dtype, or ``axis`` is not an integer.
+    ValueError
+        If ``x`` is 0-d, ``axis`` is out of range, ``mask`` does not broadcast to ``x.shape``
+        without enlarging it, or ``out`` is not a writable ndarray of the result shape and
+        dtype. A call that raises leaves ``out`` untouched.
+
+    Notes
+    -----
+    The maximum of the permitted entries is subtracted before ``exp``; IEEE infinities, NaN
+    and subnormal results are honoured (no fast-math). A row in which no entry is permitted
+    or every permitted entry is ``-inf`` (with or without a mask) is *fully masked*: its
+    result is all zeros, never NaN, and no warning is raised. A NaN or ``+inf`` in a
+    permitted entry makes the whole row NaN. Rows are processed in parallel with OpenMP
+    (default thread count, see ``cyattn.show_config``); results do not depend on the thread
+    count. The GIL is released while the kernel runs.
+
+    Source: the standard max-subtracted softmax (e.g. Goodfellow, Bengio and Courville,
+    *Deep Learning*, 2016, section 4.1).
+
+    Examples
+    --------
+    >>> import numpy as np, cyattn
+    >>> cyattn.softmax(np.array([2.0, 1.0, 0.0])).round(3)
+    array([0.665, 0.245, 0.09 ])
+    >>> cyattn.softmax(np.array([[1.0, 2.0], [-np.inf, -np.inf]]))
+    array([[0.26894142, 0.73105858],
+           [0.        , 0.        ]])
+    >>> cyattn.softmax(np.array([1.0, 5.0, 2.0]), mask=np.array([True, False, True])).round(4)
+    array([0.2689, 0.    , 0.7311])
+    """
+    return _softmax("cyattn.softmax", x, axis, mask, out, False)
+
+
+def log_softmax(x, axis=-1, *, mask=None, out=None):
+    r"""Numerically stable log-softmax ``x - max - log(sum(exp(x - max)))`` along ``axis``.
+
+    Parameters
+    ----------
+    x : array_like of float16, float32 or float64
+        Logits (float16 is computed in float32 and returned as float16).
+    axis : int, optional
+        Axis to normalise over (default -1).
+    mask : array_like of bool or float, optional
+        As in :func:`softmax`: bool True = take part (False entries give ``-inf`` and are never
+        read); float values are added to ``x``.
+    out : ndarray, optional
+        Writable array of ``x``'s shape and result dtype.
+
+    Returns
+    -------
+    ndarray
+        Same shape and dtype as :func:`softmax` would return; ``exp`` of it is the softmax.
+
+    Raises
+    ------
+    TypeError
+        For non-float ``x``, integer or other non-bool, non-float masks, non-integer ``axis``.
+    ValueError
+        For 0-d ``x``, an out-of-range ``axis``, a mask that does not broadcast to ``x.shape``,
+        or a bad ``out`` (left untouched).
+
+    Notes
+    -----
+    A fully masked row (no permitted entry, or all ``-inf``) gives ``-inf`` everywhere (the
+    log of the zero weights), never NaN. A NaN or ``+inf`` permitted entry makes the row NaN.
+    Source: as :func:`softmax`.
+
+    Examples
+    --------
+    >>> import numpy as np, cyattn
+    >>> cyattn.log_softmax(np.array([0.0, 0.0])).round(4)
+    array([-0.6931, -0.6931])
+    """
+    return _softmax("cyattn.log_softmax", x, axis, mask, out, True)
