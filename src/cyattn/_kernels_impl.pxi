@@ -18,8 +18,9 @@
 #   NR-column panels and A into MR-row panels (zero padded at the edges), which also makes any
 #   input strides cheap. The micro-kernel keeps an MR x NR accumulator tile in a local array
 #   indexed by constant-bound loops; its innermost loop has NR > 16 trips so that gcc vectorises
-#   it instead of fully unrolling it (float32: 4 x 24, float64: 4 x 24 of which gcc keeps what it
-#   can in registers; see PERF-NOTES). KC = 256 keeps an A panel and a B panel in L1/L2.
+#   it instead of fully unrolling it (float32: 4 x 24; float64: 2 x 24, the best of 4x12, 2x24,
+#   6x8 and 8x8 measured here; see PERF-NOTES). KC = 256 keeps an A panel and a B panel in L1/L2.
+#   Panel buffers are sized for the wider of the two tiles (NR = NRD, MC a multiple of MR, MRD).
 #   Every element of C is summed over K in the same order whatever the tiling, so results are
 #   bit-identical for any number of threads.
 # * attention (this version): per (batch*head, query block of QB rows) task, scores = scale Q K^T
@@ -52,8 +53,10 @@ cdef extern from *:
 
 cdef enum:
     LANES = 32        # partial maxima / sums per row (a 32-trip loop is vectorised, not unrolled)
-    MR = 4            # micro-kernel rows
-    NR = 24           # micro-kernel columns (> 16 trips: see PERF-NOTES)
+    MR = 4            # float32 micro-kernel rows
+    NR = 24           # float32 micro-kernel columns (> 16 trips: see PERF-NOTES)
+    MRD = 2           # float64 micro-kernel rows (2 x 24: measured best of 4x12, 2x24, 6x8, 8x8)
+    NRD = 24          # float64 micro-kernel columns
     KC = 256          # depth of a packed panel
     MC = 144          # rows of A packed at once (multiple of MR)
     NC = 4032         # columns of B packed at once (multiple of NR)
@@ -64,6 +67,15 @@ cdef enum:
 # ------------------------------------------------------------------------------------------
 # exp
 # ------------------------------------------------------------------------------------------
+
+# Clamp bounds of the exp argument. They are module variables rather than literals on purpose:
+# with gcc's default -ftrapping-math, comparisons against literal constants are kept as
+# branches and the exp loops stay scalar, while loop-invariant variables become vminps/vmaxps
+# (PERF-NOTES, "Vectorised float32 exp"). They are assigned once here and never written again.
+cdef float EXP_LO_F32 = -104.0
+cdef float EXP_HI_F32 = 88.8
+cdef double EXP_LO_F64 = -746.0
+cdef double EXP_HI_F64 = 710.0
 
 cdef inline int32_t _f32_bits(float x) noexcept nogil:
     cdef int32_t i
@@ -92,8 +104,8 @@ cdef inline float exp_f32(float x) noexcept nogil:
     cdef int32_t ni, n1, n2
     # Clamp (NaN fails both comparisons and passes through). Below -104 the result rounds to
     # 0, above 88.8 it overflows to inf, and both still come out of the formula below.
-    x = <float>-104.0 if x < <float>-104.0 else x
-    x = <float>88.8 if x > <float>88.8 else x
+    x = EXP_LO_F32 if x < EXP_LO_F32 else x
+    x = EXP_HI_F32 if x > EXP_HI_F32 else x
     t = x * <float>1.44269504088896341 + <float>12582912.0     # 1.5 * 2**23 shifter
     n = t - <float>12582912.0
     ni = _f32_bits(t) - <int32_t>0x4B400000
@@ -116,8 +128,8 @@ cdef inline double exp_f64(double x) noexcept nogil:
     """e**x in float64, < 2 ulp; -inf -> 0, +inf -> +inf, NaN -> NaN, subnormals kept."""
     cdef double t, n, r, p
     cdef int64_t ni, n1, n2
-    x = -746.0 if x < -746.0 else x
-    x = 710.0 if x > 710.0 else x
+    x = EXP_LO_F64 if x < EXP_LO_F64 else x
+    x = EXP_HI_F64 if x > EXP_HI_F64 else x
     t = x * 1.4426950408889634074 + 6755399441055744.0         # 1.5 * 2**52 shifter
     n = t - 6755399441055744.0
     ni = _f64_bits(t) - <int64_t>0x4338000000000000
@@ -302,52 +314,51 @@ cdef void softmax_rows_impl(const floating* x, floating* y, Py_ssize_t rows, Py_
 # ------------------------------------------------------------------------------------------
 
 cdef void pack_a(Py_ssize_t mc, Py_ssize_t kc, const floating* a, Py_ssize_t rsa, Py_ssize_t csa,
-                 floating* dst) noexcept nogil:
-    """A[0:mc, 0:kc] into MR-row panels: dst[panel][p][i], rows past mc zero."""
+                 floating* dst, Py_ssize_t mr) noexcept nogil:
+    """A[0:mc, 0:kc] into mr-row panels: dst[panel][p][i], rows past mc zero."""
     cdef Py_ssize_t ir = 0, p, i, m_here
     cdef const floating* src
     while ir < mc:
-        m_here = mc - ir if mc - ir < MR else MR
+        m_here = mc - ir if mc - ir < mr else mr
         for p in range(kc):
             src = a + ir * rsa + p * csa
             for i in range(m_here):
-                dst[p * MR + i] = src[i * rsa]
-            for i in range(m_here, MR):
-                dst[p * MR + i] = 0
-        dst += MR * kc
-        ir += MR
+                dst[p * mr + i] = src[i * rsa]
+            for i in range(m_here, mr):
+                dst[p * mr + i] = 0
+        dst += mr * kc
+        ir += mr
 
 
 cdef void pack_b(Py_ssize_t kc, Py_ssize_t nc, const floating* b, Py_ssize_t rsb, Py_ssize_t csb,
-                 floating* dst) noexcept nogil:
-    """B[0:kc, 0:nc] into NR-column panels: dst[panel][p][j], columns past nc zero."""
+                 floating* dst, Py_ssize_t nr) noexcept nogil:
+    """B[0:kc, 0:nc] into nr-column panels: dst[panel][p][j], columns past nc zero."""
     cdef Py_ssize_t jr = 0, p, j, n_here
     cdef const floating* src
     while jr < nc:
-        n_here = nc - jr if nc - jr < NR else NR
+        n_here = nc - jr if nc - jr < nr else nr
         for p in range(kc):
             src = b + p * rsb + jr * csb
-            if csb == 1 and n_here == NR:
-                for j in range(NR):
-                    dst[p * NR + j] = src[j]
+            if csb == 1 and n_here == nr:
+                memcpy(dst + p * nr, src, nr * sizeof(floating))
             else:
                 for j in range(n_here):
-                    dst[p * NR + j] = src[j * csb]
-                for j in range(n_here, NR):
-                    dst[p * NR + j] = 0
-        dst += NR * kc
-        jr += NR
+                    dst[p * nr + j] = src[j * csb]
+                for j in range(n_here, nr):
+                    dst[p * nr + j] = 0
+        dst += nr * kc
+        jr += nr
 
 
-cdef void micro_kernel(Py_ssize_t kc, const floating* pa, const floating* pb,
-                       floating* c, Py_ssize_t rsc, Py_ssize_t csc,
-                       Py_ssize_t m_here, Py_ssize_t n_here, floating alpha,
-                       bint overwrite) noexcept nogil:
-    """C[0:m_here, 0:n_here] (+)= alpha * (A panel @ B panel) over kc steps."""
-    cdef floating acc[MR][NR]
+cdef void micro_kernel_f32(Py_ssize_t kc, const float* pa, const float* pb,
+                           float* c, Py_ssize_t rsc, Py_ssize_t csc,
+                           Py_ssize_t m_here, Py_ssize_t n_here, float alpha,
+                           bint overwrite) noexcept nogil:
+    """C[0:m_here, 0:n_here] (+)= alpha * (A panel @ B panel) over kc steps (MR x NR tile)."""
+    cdef float acc[MR][NR]
     cdef Py_ssize_t p, i, j
-    cdef floating a_i
-    cdef floating* c_row
+    cdef float a_i
+    cdef float* c_row
     for i in range(MR):
         cyattn_prefetch_w(c + i * rsc)
         for j in range(NR):
@@ -375,6 +386,42 @@ cdef void micro_kernel(Py_ssize_t kc, const floating* pa, const floating* pb,
                     c[i * rsc + j * csc] += alpha * acc[i][j]
 
 
+cdef void micro_kernel_f64(Py_ssize_t kc, const double* pa, const double* pb,
+                           double* c, Py_ssize_t rsc, Py_ssize_t csc,
+                           Py_ssize_t m_here, Py_ssize_t n_here, double alpha,
+                           bint overwrite) noexcept nogil:
+    """As micro_kernel_f32 with an MRD x NRD tile."""
+    cdef double acc[MRD][NRD]
+    cdef Py_ssize_t p, i, j
+    cdef double a_i
+    cdef double* c_row
+    for i in range(MRD):
+        cyattn_prefetch_w(c + i * rsc)
+        for j in range(NRD):
+            acc[i][j] = 0
+    for p in range(kc):
+        for i in range(MRD):
+            a_i = pa[p * MRD + i]
+            for j in range(NRD):
+                acc[i][j] += a_i * pb[p * NRD + j]
+    if m_here == MRD and n_here == NRD and csc == 1:
+        for i in range(MRD):
+            c_row = c + i * rsc
+            if overwrite:
+                for j in range(NRD):
+                    c_row[j] = alpha * acc[i][j]
+            else:
+                for j in range(NRD):
+                    c_row[j] += alpha * acc[i][j]
+    else:
+        for i in range(m_here):
+            for j in range(n_here):
+                if overwrite:
+                    c[i * rsc + j * csc] = alpha * acc[i][j]
+                else:
+                    c[i * rsc + j * csc] += alpha * acc[i][j]
+
+
 cdef void gemm_block(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
                      const floating* a, Py_ssize_t rsa, Py_ssize_t csa,
                      const floating* b, Py_ssize_t rsb, Py_ssize_t csb,
@@ -389,6 +436,8 @@ cdef void gemm_block(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
     cdef Py_ssize_t jc, pc, ic, jr, ir, nc, kc, mc
     cdef bint first
     cdef Py_ssize_t i, j
+    cdef Py_ssize_t mr = MR if floating is float else MRD
+    cdef Py_ssize_t nr = NR if floating is float else NRD
     if M <= 0 or N <= 0:
         return
     if K <= 0:
@@ -404,22 +453,27 @@ cdef void gemm_block(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
         while pc < K:
             kc = K - pc if K - pc < KC else KC
             first = overwrite and pc == 0
-            pack_b(kc, nc, b + pc * rsb + jc * csb, rsb, csb, buf_b)
+            pack_b(kc, nc, b + pc * rsb + jc * csb, rsb, csb, buf_b, nr)
             ic = 0
             while ic < M:
                 mc = M - ic if M - ic < MC else MC
-                pack_a(mc, kc, a + ic * rsa + pc * csa, rsa, csa, buf_a)
+                pack_a(mc, kc, a + ic * rsa + pc * csa, rsa, csa, buf_a, mr)
                 jr = 0
                 while jr < nc:
                     ir = 0
                     while ir < mc:
-                        micro_kernel(kc, buf_a + ir * kc, buf_b + jr * kc,
-                                     c + (ic + ir) * rsc + (jc + jr) * csc, rsc, csc,
-                                     mc - ir if mc - ir < MR else MR,
-                                     nc - jr if nc - jr < NR else NR,
-                                     alpha, first)
-                        ir += MR
-                    jr += NR
+                        if floating is float:
+                            micro_kernel_f32(kc, buf_a + ir * kc, buf_b + jr * kc,
+                                             c + (ic + ir) * rsc + (jc + jr) * csc, rsc, csc,
+                                             mc - ir if mc - ir < mr else mr,
+                                             nc - jr if nc - jr < nr else nr, alpha, first)
+                        else:
+                            micro_kernel_f64(kc, buf_a + ir * kc, buf_b + jr * kc,
+                                             c + (ic + ir) * rsc + (jc + jr) * csc, rsc, csc,
+                                             mc - ir if mc - ir < mr else mr,
+                                             nc - jr if nc - jr < nr else nr, alpha, first)
+                        ir += mr
+                    jr += nr
                 ic += MC
             pc += KC
         jc += NC
