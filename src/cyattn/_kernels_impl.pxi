@@ -25,8 +25,9 @@
 #   bit-identical for any number of threads.
 # * attention (this version): per (batch*head, query block of QB rows) task, scores = scale Q K^T
 #   for the query block into a per-thread buffer (keys past the causal limit of the block are
-#   never computed), masks applied in place, row softmax, then out = P V. A key whose weight is
-#   exactly zero is never read into the output when V holds non-finite values (checked per task).
+#   never computed), masks applied in place, exp(s - row max), then out = P V scaled by 1/row
+#   sum. A key whose weight is exactly zero is never read into the output when V holds
+#   non-finite values (checked per task).
 # * threads: OpenMP prange over independent tasks only (rows, output tiles, attention tasks),
 #   static schedule, per-thread scratch allocated once per call inside the parallel block.
 #   No reduction is ever split across threads. No global mutable state.
@@ -315,37 +316,62 @@ cdef void softmax_rows_impl(const floating* x, floating* y, Py_ssize_t rows, Py_
 
 cdef void pack_a(Py_ssize_t mc, Py_ssize_t kc, const floating* a, Py_ssize_t rsa, Py_ssize_t csa,
                  floating* dst, Py_ssize_t mr) noexcept nogil:
-    """A[0:mc, 0:kc] into mr-row panels: dst[panel][p][i], rows past mc zero."""
+    """A[0:mc, 0:kc] into mr-row panels: dst[panel][p][i], rows past mc zero.
+
+    The loop order follows the unit stride of A (rows of a row-major A are read contiguously).
+    """
     cdef Py_ssize_t ir = 0, p, i, m_here
     cdef const floating* src
     while ir < mc:
         m_here = mc - ir if mc - ir < mr else mr
-        for p in range(kc):
-            src = a + ir * rsa + p * csa
+        if csa == 1:
             for i in range(m_here):
-                dst[p * mr + i] = src[i * rsa]
+                src = a + (ir + i) * rsa
+                for p in range(kc):
+                    dst[p * mr + i] = src[p]
             for i in range(m_here, mr):
-                dst[p * mr + i] = 0
+                for p in range(kc):
+                    dst[p * mr + i] = 0
+        else:
+            for p in range(kc):
+                src = a + ir * rsa + p * csa
+                for i in range(m_here):
+                    dst[p * mr + i] = src[i * rsa]
+                for i in range(m_here, mr):
+                    dst[p * mr + i] = 0
         dst += mr * kc
         ir += mr
 
 
 cdef void pack_b(Py_ssize_t kc, Py_ssize_t nc, const floating* b, Py_ssize_t rsb, Py_ssize_t csb,
                  floating* dst, Py_ssize_t nr) noexcept nogil:
-    """B[0:kc, 0:nc] into nr-column panels: dst[panel][p][j], columns past nc zero."""
+    """B[0:kc, 0:nc] into nr-column panels: dst[panel][p][j], columns past nc zero.
+
+    The loop order follows the unit stride of B: rows are copied when B is row-major, columns
+    when it is column-major (as K^T is for the attention scores).
+    """
     cdef Py_ssize_t jr = 0, p, j, n_here
     cdef const floating* src
     while jr < nc:
         n_here = nc - jr if nc - jr < nr else nr
-        for p in range(kc):
-            src = b + p * rsb + jr * csb
-            if csb == 1 and n_here == nr:
-                memcpy(dst + p * nr, src, nr * sizeof(floating))
-            else:
-                for j in range(n_here):
-                    dst[p * nr + j] = src[j * csb]
-                for j in range(n_here, nr):
+        if rsb == 1 and csb != 1:
+            for j in range(n_here):
+                src = b + (jr + j) * csb
+                for p in range(kc):
+                    dst[p * nr + j] = src[p]
+            for j in range(n_here, nr):
+                for p in range(kc):
                     dst[p * nr + j] = 0
+        else:
+            for p in range(kc):
+                src = b + p * rsb + jr * csb
+                if csb == 1 and n_here == nr:
+                    memcpy(dst + p * nr, src, nr * sizeof(floating))
+                else:
+                    for j in range(n_here):
+                        dst[p * nr + j] = src[j * csb]
+                    for j in range(n_here, nr):
+                        dst[p * nr + j] = 0
         dst += nr * kc
         jr += nr
 
@@ -560,11 +586,17 @@ cdef void attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
                          bint causal, Py_ssize_t causal_off,
                          floating* scores, Py_ssize_t ld_scores,
                          floating* buf_a, floating* buf_b) noexcept nogil:
-    """Rows i0 .. i0+rows of one (batch, head): out rows (stride Ev) and their lse."""
+    """Rows i0 .. i0+rows of one (batch, head): out rows (stride Ev) and their lse.
+
+    Scores for the block go to ``scores``; each row is masked, replaced by exp(s - max) (not
+    yet divided by its sum), multiplied by V, and the output row is then scaled by 1/sum, which
+    touches Ev instead of S values per row.
+    """
     cdef Py_ssize_t s_lim = S, lim, r, i, j, e
     cdef floating* row
     cdef floating* o_row
-    cdef floating row_lse, w
+    cdef floating m, total, w
+    cdef floating inv_sum[QB]
     cdef const floating* v_row
     if causal:
         s_lim = i0 + rows + causal_off          # one past the last key any row here may see
@@ -586,10 +618,23 @@ cdef void attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
         elif amask != NULL:
             for j in range(lim):
                 row[j] = row[j] + amask[i * m_rs + j * m_cs]
-        row_lse = softmax_inplace(row, lim, False)
+        m = row_max(row, lim)
+        if m == -CYATTN_INF and not row_has_nan(row, lim):
+            # fully masked: zero weights, zero output, lse -inf
+            row_fill(row, lim, <floating>0)
+            inv_sum[r] = 0
+            lse[r] = <floating>-CYATTN_INF
+        elif m == -CYATTN_INF or m == CYATTN_INF:
+            # NaN, or +inf (inf - inf): the row is NaN
+            row_fill(row, lim, <floating>CYATTN_NAN)
+            inv_sum[r] = <floating>CYATTN_NAN
+            lse[r] = <floating>CYATTN_NAN
+        else:
+            total = row_exp_sum(row, lim, m, True)
+            inv_sum[r] = <floating>1 / total
+            lse[r] = m + <floating>log(total)
         for j in range(lim, s_lim):
             row[j] = 0
-        lse[r] = row_lse
     if s_lim == 0 or Ev == 0:
         for r in range(rows):
             for e in range(Ev):
@@ -598,20 +643,25 @@ cdef void attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
     if not has_nonfinite(v, s_lim, Ev, v_rs, v_cs):
         gemm_block(rows, Ev, s_lim, 1, scores, ld_scores, 1, v, v_rs, v_cs,
                    out, Ev, 1, True, buf_a, buf_b)
-        return
-    # V holds inf/NaN somewhere: sum only keys with a nonzero weight, so masked (zero-weight)
-    # positions are never read into the output.
+    else:
+        # V holds inf/NaN somewhere: sum only keys with a nonzero weight, so masked
+        # (zero-weight) positions are never read into the output.
+        for r in range(rows):
+            row = scores + r * ld_scores
+            o_row = out + r * Ev
+            for e in range(Ev):
+                o_row[e] = 0
+            for j in range(s_lim):
+                w = row[j]
+                if w != 0:
+                    v_row = v + j * v_rs
+                    for e in range(Ev):
+                        o_row[e] += w * v_row[e * v_cs]
     for r in range(rows):
-        row = scores + r * ld_scores
         o_row = out + r * Ev
+        w = inv_sum[r]
         for e in range(Ev):
-            o_row[e] = 0
-        for j in range(s_lim):
-            w = row[j]
-            if w != 0:
-                v_row = v + j * v_rs
-                for e in range(Ev):
-                    o_row[e] += w * v_row[e * v_cs]
+            o_row[e] = o_row[e] * w
 
 
 cdef void attention_impl(const floating* q, const int64_t* q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
