@@ -288,14 +288,23 @@ cdef void row_load_masked(const floating* x, floating* y, Py_ssize_t n,
                           const floating* amask, Py_ssize_t astride) noexcept nogil:
     """y = x with a bool mask (False -> -inf, x not read into y) and/or an additive mask."""
     cdef Py_ssize_t j
+    cdef floating neg_inf = <floating>-CYATTN_INF
     if bmask != NULL:
-        for j in range(n):
-            y[j] = x[j] if bmask[j * bstride] else <floating>-CYATTN_INF
+        if bstride == 1:        # the common layout gets a unit-stride loop that vectorises
+            for j in range(n):
+                y[j] = x[j] if bmask[j] else neg_inf
+        else:
+            for j in range(n):
+                y[j] = x[j] if bmask[j * bstride] else neg_inf
     elif x != y:
         memcpy(y, x, n * sizeof(floating))
     if amask != NULL:
-        for j in range(n):
-            y[j] = y[j] + amask[j * astride]
+        if astride == 1:
+            for j in range(n):
+                y[j] = y[j] + amask[j]
+        else:
+            for j in range(n):
+                y[j] = y[j] + amask[j * astride]
 
 
 cdef void softmax_rows_impl(const floating* x, floating* y, Py_ssize_t rows, Py_ssize_t n,
@@ -611,13 +620,10 @@ cdef void attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
         if causal:
             lim = i + causal_off + 1
             lim = s_lim if lim > s_lim else (0 if lim < 0 else lim)
-        if bmask != NULL:
-            for j in range(lim):
-                if not bmask[i * m_rs + j * m_cs]:
-                    row[j] = <floating>-CYATTN_INF
-        elif amask != NULL:
-            for j in range(lim):
-                row[j] = row[j] + amask[i * m_rs + j * m_cs]
+        if bmask != NULL or amask != NULL:
+            row_load_masked(row, row, lim,
+                            bmask + i * m_rs if bmask != NULL else NULL, m_cs,
+                            amask + i * m_rs if amask != NULL else NULL, m_cs)
         m = row_max(row, lim)
         if m == -CYATTN_INF and not row_has_nan(row, lim):
             # fully masked: zero weights, zero output, lse -inf

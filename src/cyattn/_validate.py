@@ -6,6 +6,7 @@ float16 is computed in float32 and returned as float16; mixed float inputs promo
 not take part in promotion: a float mask is cast to the compute dtype, a bool mask selects.
 Every message names the function, the argument, what it got and what was expected.
 """
+import math
 import numbers
 import operator
 
@@ -138,6 +139,11 @@ def check_real(value, name, fname):
     return float(value)
 
 
+# Shared read-only offsets for calls without batch dimensions (the kernels take const views).
+_NO_BATCH = np.zeros(1, dtype=np.int64)
+_NO_BATCH.flags.writeable = False
+
+
 def batch_offsets(arr, batch_shape, head_group=1):
     """Element offsets of each ``arr[..., :, :]`` matrix, for every index of ``batch_shape`` in
     C order, broadcasting ``arr``'s batch dims (size 1 or missing -> offset 0).
@@ -146,18 +152,29 @@ def batch_offsets(arr, batch_shape, head_group=1):
     index h maps to ``h // head_group`` of ``arr``.
     """
     nb = len(batch_shape)
+    if nb == 0:
+        return _NO_BATCH
     item = arr.itemsize
     own_shape = arr.shape[:-2]
     own_strides = arr.strides[:-2]
     lead = nb - len(own_shape)
-    strides = np.zeros(nb, dtype=np.int64)
+    strides = [0] * nb
     for d, (size, stride) in enumerate(zip(own_shape, own_strides)):
         if size != 1 or (head_group > 1 and lead + d == nb - 1):
             strides[lead + d] = stride // item
-    count = int(np.prod(batch_shape, dtype=np.int64))
-    if nb == 0 or not strides.any():
-        return np.zeros(max(count, 1) if nb == 0 else count, dtype=np.int64)
+    count = math.prod(batch_shape)
+    if not any(strides):
+        return np.zeros(count, dtype=np.int64)
     idx = np.indices(batch_shape, dtype=np.int64).reshape(nb, -1)
     if head_group > 1:
         idx[nb - 1] //= head_group
-    return strides @ idx
+    return np.asarray(strides, dtype=np.int64) @ idx
+
+
+def threads_for_work(n_threads, work, per_thread):
+    """At most ``n_threads``, and no more threads than ``work // per_thread``.
+
+    Starting an OpenMP team costs microseconds (far more when the other cores are busy), so
+    small calls run on one thread. Work splits never change results, so neither does this cap.
+    """
+    return max(1, min(n_threads, work // per_thread))

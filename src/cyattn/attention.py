@@ -142,6 +142,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         res = np.empty(out_shape, dtype=compute)
     lse = np.empty(batch + (L,), dtype=compute)
     if count and L:
+        n_threads = V.threads_for_work(n_threads, count * L * max(S, 1) * (E + Ev + 8), 1 << 18)
         query = V.kernel_ready(query, compute)
         key = V.kernel_ready(key, compute)
         value = V.kernel_ready(value, compute)

@@ -73,10 +73,13 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
     if K != K2:
         raise ValueError(f"{_FNAME}: a has shape {a.shape} and b has shape {b.shape}; "
                          f"expected a (..., M, K) and b (..., K, N) with equal K")
-    try:
-        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2], out.shape[:-2])
-    except ValueError:
-        batch = None
+    if a.ndim == b.ndim == out.ndim == 2:
+        batch = ()
+    else:
+        try:
+            batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2], out.shape[:-2])
+        except ValueError:
+            batch = None
     if batch != out.shape[:-2] or out.shape[-2:] != (M, N):
         raise ValueError(f"{_FNAME}: out has shape {out.shape}; a {a.shape} @ b {b.shape} "
                          f"needs out of shape (..., {M}, {N}) whose batch dims a's and b's "
@@ -86,6 +89,7 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
     n_threads = V.resolve_threads(n_threads, _FNAME)
     if out.size == 0 or K == 0:
         return out
+    n_threads = V.threads_for_work(n_threads, out.size * K, 1 << 18)
     a = V.kernel_ready(a, compute)
     b = V.kernel_ready(b, compute)
     direct = (out.dtype == compute and out.flags.aligned

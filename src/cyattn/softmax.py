@@ -38,7 +38,8 @@ def _softmax(fname, x, axis, mask, out, log_out):
             else:
                 am, a_rs, a_cs = m2, rs, cs
         _backend.kernels.softmax_rows(xc.reshape(rows, n), res.reshape(rows, n), bm, am,
-                             b_rs, b_cs, a_rs, a_cs, log_out, V.resolve_threads(None, fname))
+                             b_rs, b_cs, a_rs, a_cs, log_out,
+                             V.threads_for_work(V.resolve_threads(None, fname), rows * n, 1 << 15))
     res = np.moveaxis(res, -1, ax)
     if out is None:
         return res.astype(result, copy=False)
