@@ -25,9 +25,9 @@
 #   bit-identical for any number of threads.
 # * attention (this version): per (batch*head, query block of QB rows) task, scores = scale Q K^T
 #   for the query block into a per-thread buffer (keys past the causal limit of the block are
-#   never computed), masks applied in place, exp(s - row max), then out = P V scaled by 1/row
-#   sum. A key whose weight is exactly zero is never read into the output when V holds
-#   non-finite values (checked per task).
+#   never computed), masks applied in place, row softmax, then out = P V. A key whose weight is
+#   exactly zero is never read into the output when V holds non-finite values (checked per
+#   task).
 # * threads: OpenMP prange over independent tasks only (rows, output tiles, attention tasks),
 #   static schedule, per-thread scratch allocated once per call inside the parallel block.
 #   No reduction is ever split across threads. No global mutable state.
@@ -597,15 +597,15 @@ cdef void attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
                          floating* buf_a, floating* buf_b) noexcept nogil:
     """Rows i0 .. i0+rows of one (batch, head): out rows (stride Ev) and their lse.
 
-    Scores for the block go to ``scores``; each row is masked, replaced by exp(s - max) (not
-    yet divided by its sum), multiplied by V, and the output row is then scaled by 1/sum, which
-    touches Ev instead of S values per row.
+    Scores for the block go to ``scores``; each row is masked and turned into its softmax
+    weights, then multiplied by V. The weights are normalised before the product (not after,
+    as flash-attention does) so that a weighted sum of huge finite values cannot overflow and a
+    weight that rounds to exactly 0 skips its value.
     """
     cdef Py_ssize_t s_lim = S, lim, r, i, j, e
     cdef floating* row
     cdef floating* o_row
     cdef floating m, total, w
-    cdef floating inv_sum[QB]
     cdef const floating* v_row
     if causal:
         s_lim = i0 + rows + causal_off          # one past the last key any row here may see
@@ -628,16 +628,14 @@ cdef void attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
         if m == -CYATTN_INF and not row_has_nan(row, lim):
             # fully masked: zero weights, zero output, lse -inf
             row_fill(row, lim, <floating>0)
-            inv_sum[r] = 0
             lse[r] = <floating>-CYATTN_INF
         elif m == -CYATTN_INF or m == CYATTN_INF:
             # NaN, or +inf (inf - inf): the row is NaN
             row_fill(row, lim, <floating>CYATTN_NAN)
-            inv_sum[r] = <floating>CYATTN_NAN
             lse[r] = <floating>CYATTN_NAN
         else:
             total = row_exp_sum(row, lim, m, True)
-            inv_sum[r] = <floating>1 / total
+            row_scale(row, lim, <floating>1 / total)
             lse[r] = m + <floating>log(total)
         for j in range(lim, s_lim):
             row[j] = 0
@@ -663,11 +661,6 @@ cdef void attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
                     v_row = v + j * v_rs
                     for e in range(Ev):
                         o_row[e] += w * v_row[e * v_cs]
-    for r in range(rows):
-        o_row = out + r * Ev
-        w = inv_sum[r]
-        for e in range(Ev):
-            o_row[e] = o_row[e] * w
 
 
 cdef void attention_impl(const floating* q, const int64_t* q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,

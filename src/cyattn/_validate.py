@@ -63,6 +63,11 @@ def prepare_mask(mask, name, fname, compute_dtype):
         arr = arr if arr.flags.aligned else np.ascontiguousarray(arr)
         return 1, arr.view(np.uint8)
     if arr.dtype in _FLOATS:
+        if arr.dtype.itemsize > compute_dtype.itemsize:
+            # Finite values beyond the compute dtype's range saturate at its largest finite
+            # value instead of overflowing to -inf: a finite additive mask never masks.
+            info = np.finfo(compute_dtype)
+            arr = np.where(np.isfinite(arr), np.clip(arr, info.min, info.max), arr)
         return 2, kernel_ready(arr, compute_dtype)
     raise TypeError(f"{fname}: {name} has dtype {arr.dtype}; expected bool (True = take part) or "
                     f"a float dtype (added to the scores). Integer masks are ambiguous: use "
@@ -82,6 +87,8 @@ def broadcast_mask(mask, target_shape, name, fname):
 
 
 def normalize_axis(axis, ndim, fname):
+    if isinstance(axis, (bool, np.bool_)):
+        raise TypeError(f"{fname}: axis must be an integer, got bool")
     try:
         ax = operator.index(axis)
     except TypeError:

@@ -29,8 +29,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         Broadcastable to ``(..., L, S)`` without enlarging the result. **bool**: True = the
         query may attend to the key (PyTorch SDPA convention); a False position gets exactly
         zero weight and its key and value are never read. **float**: added to the scaled
-        scores (cast to the compute dtype); ``-inf`` removes a position, a finite value such as
-        ``-1e9`` only shifts it. Integer masks raise TypeError.
+        scores (cast to the compute dtype; finite values beyond its range saturate at its
+        largest finite value); ``-inf`` removes a position, a finite value such as ``-1e9``
+        only shifts it. Integer masks raise TypeError.
     is_causal : bool, optional
         Restrict query ``i`` to keys ``j <= i`` (``"top_left"``) or ``j <= i + S - L``
         (``"bottom_right"``). Composes with ``attn_mask`` by AND.

@@ -1,4 +1,6 @@
 """Blocked matrix multiply-accumulate ``out += alpha * (a @ b)``."""
+import math
+
 import numpy as np
 
 from . import _backend
@@ -87,7 +89,12 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
     compute, result = V.float_dtypes(a, b)
     V.check_out(out, out.shape, result, _FNAME)
     n_threads = V.resolve_threads(n_threads, _FNAME)
-    if out.size == 0 or K == 0:
+    if out.size == 0:
+        return out
+    if K == 0:
+        # a @ b is all zeros; alpha * 0 is 0 unless alpha is inf or NaN (then NaN, as NumPy)
+        if not math.isfinite(alpha):
+            out += np.asarray(alpha * 0.0, dtype=out.dtype)
         return out
     n_threads = V.threads_for_work(n_threads, out.size * K, 1 << 18)
     a = V.kernel_ready(a, compute)

@@ -61,8 +61,10 @@ def softmax(x, axis=-1, *, mask=None, out=None):
     mask : array_like of bool or float, optional
         Broadcastable to ``x.shape`` (it may not enlarge it). **bool**: True = the entry takes
         part; a False entry gets exactly zero weight and its ``x`` value is never read (a NaN
-        there cannot leak). **float**: added to ``x`` before the softmax; ``-inf`` removes an
-        entry, a finite value such as ``-1e9`` only shifts it. Integer masks raise TypeError.
+        there cannot leak). **float**: added to ``x`` before the softmax (cast to the compute
+        dtype; finite values beyond its range saturate at its largest finite value); ``-inf``
+        removes an entry, a finite value such as ``-1e9`` only shifts it. Integer masks raise
+        TypeError.
     out : ndarray, optional
         Writable array of ``x``'s shape and result dtype to hold the result.
 

@@ -1,0 +1,316 @@
+"""Shared fixtures and helpers of the cyattn test suite.
+
+* ``variant``: runs a test once per compiled kernel variant this machine can run, by pointing
+  ``cyattn._backend.kernels`` (which the public functions look up at call time) at it.
+* ``TOLERANCES`` / :func:`tol` / :func:`assert_close`: the per-dtype tolerances, set here and
+  nowhere else (DESIGN section 5).
+* :func:`to_oracle` / :func:`from_oracle`: NumPy arrays <-> the oracle's nested lists.
+* ``oracle_*``: the pure-Python oracle applied to broadcast NumPy inputs (the oracle itself
+  does not broadcast), and NumPy float64 references for sizes too big for the oracle.
+* :func:`call_checked`: call a public function and assert that no input array was modified.
+* :func:`layout_variants`: the same data in other memory layouts (Fortran, transposed and
+  reversed views, slices, a misaligned byte-offset buffer, read-only).
+"""
+import math
+
+import numpy as np
+import pytest
+
+from cyattn import _backend, oracle
+
+VARIANTS = _backend.available_variants()
+
+FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+
+
+def pytest_configure(config):
+    # Also declared in pyproject.toml; registered here so the suite works from any rootdir.
+    config.addinivalue_line("markers", "slow: long-running tests (skipped with -m 'not slow')")
+
+
+@pytest.fixture(params=VARIANTS)
+def variant(request, monkeypatch):
+    """Name of the kernel variant this test runs on (``_backend.kernels`` is patched)."""
+    module = _backend.load_variant(request.param)
+    monkeypatch.setattr(_backend, "kernels", module)
+    return request.param
+
+
+# ------------------------------------------------------------------------------------------
+# Tolerances: the ONE place they are set. Widening one needs a comment saying why.
+# ------------------------------------------------------------------------------------------
+
+TOLERANCES = {
+    np.dtype(np.float64): {"rtol": 1e-12, "atol": 1e-13},
+    np.dtype(np.float32): {"rtol": 2e-5, "atol": 2e-6},
+    # float16 results are computed in float32 and rounded once to float16 (half ulp = 4.9e-4).
+    np.dtype(np.float16): {"rtol": 2e-3, "atol": 1e-4},
+}
+
+
+def tol(dtype, k=1):
+    """(rtol, atol) for results of ``dtype``; ``k`` is the length of the longest sum behind a
+    result (matmul K, attention E + S): rounding errors of a k-term sum grow like sqrt(k), so
+    atol is scaled by sqrt(k) (rtol is not)."""
+    t = TOLERANCES[np.dtype(dtype)]
+    return t["rtol"], t["atol"] * math.sqrt(max(int(k), 1))
+
+
+@pytest.fixture
+def tolerances():
+    """:func:`tol` as a fixture: ``tolerances(dtype, k)`` -> (rtol, atol)."""
+    return tol
+
+
+def assert_close(got, expected, dtype, k=1, err_msg=""):
+    """``got`` (any float dtype) matches ``expected`` (float64) within :func:`tol`; NaN must
+    match NaN and infinities must match exactly."""
+    rtol, atol = tol(dtype, k)
+    got = np.asarray(got, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    assert got.shape == expected.shape, (got.shape, expected.shape, err_msg)
+    np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol, equal_nan=True,
+                               err_msg=err_msg)
+
+
+# ------------------------------------------------------------------------------------------
+# Oracle conversion
+# ------------------------------------------------------------------------------------------
+
+def to_oracle(arr):
+    """An ndarray as the oracle's nested lists (Python floats; bool masks stay bool)."""
+    if arr is None:
+        return None
+    arr = np.asarray(arr)
+    if arr.dtype == np.bool_:
+        return arr.tolist()
+    return arr.astype(np.float64).tolist()
+
+
+def from_oracle(nested, shape):
+    """Oracle nested lists back to a float64 ndarray of ``shape`` (empty lists lose shape)."""
+    return np.array(nested, dtype=np.float64).reshape(shape)
+
+
+def compute_dtype(*dtypes):
+    """The dtype the kernels compute in: float16 computes in float32."""
+    result = np.result_type(*dtypes)
+    return np.dtype(np.float32) if result == np.float16 else result
+
+
+def _mask_for_oracle(mask, compute):
+    """A float mask is cast to the compute dtype by the kernels (masks do not promote); finite
+    values beyond its range saturate at its largest finite value (they never become -inf)."""
+    if mask is None:
+        return None
+    mask = np.asarray(mask)
+    if mask.dtype == np.bool_:
+        return mask
+    info = np.finfo(compute)
+    finite = np.isfinite(mask)
+    return np.where(finite, np.clip(mask, info.min, info.max), mask).astype(compute)
+
+
+def oracle_softmax(x, axis=-1, mask=None, log=False):
+    """The oracle's (log-)softmax of ``x`` (ndarray) with ``mask`` broadcast to ``x.shape``."""
+    x = np.asarray(x)
+    mask = _mask_for_oracle(mask, compute_dtype(x.dtype))
+    if mask is not None:
+        mask = np.broadcast_to(mask, x.shape)
+    fn = oracle.log_softmax if log else oracle.softmax
+    if x.size == 0:
+        return np.zeros(x.shape)
+    return from_oracle(fn(to_oracle(x), axis, mask=to_oracle(mask)), x.shape)
+
+
+def _broadcast_matmul(a, b, out):
+    batch = out.shape[:-2]
+    a = np.broadcast_to(a, batch + a.shape[-2:])
+    b = np.broadcast_to(b, batch + b.shape[-2:])
+    return a, b
+
+
+def oracle_matmul(a, b, out, alpha=1.0):
+    """``out + alpha * (a @ b)`` from the oracle, batch dims broadcast into ``out``'s."""
+    a, b = _broadcast_matmul(a, b, out)
+    M, N = out.shape[-2:]
+    res = np.empty(out.shape, dtype=np.float64)
+    for idx in np.ndindex(*out.shape[:-2]):
+        if M == 0:
+            continue
+        if N == 0:
+            res[idx] = np.zeros((M, 0))
+            continue
+        res[idx] = from_oracle(oracle.matmul_accumulate(to_oracle(a[idx]), to_oracle(b[idx]),
+                                                        to_oracle(out[idx]), alpha=alpha), (M, N))
+    return res
+
+
+def numpy_matmul(a, b, out, alpha=1.0):
+    """float64 NumPy reference of ``out + alpha * (a @ b)``."""
+    a64 = np.asarray(a, dtype=np.float64)
+    b64 = np.asarray(b, dtype=np.float64)
+    return np.asarray(out, dtype=np.float64) + alpha * np.matmul(a64, b64)
+
+
+def sdpa_batch_shape(q, k, v, enable_gqa=False):
+    if not enable_gqa:
+        return np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    outer = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    return outer + (q.shape[-3],)
+
+
+def expand_kv_heads(q, k, v, enable_gqa):
+    """With GQA, repeat the key/value heads so that every query head has its own."""
+    if not enable_gqa:
+        return k, v
+    group = q.shape[-3] // k.shape[-3]
+    return np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
+
+
+def oracle_sdpa(q, k, v, mask=None, is_causal=False, scale=None, causal_alignment="top_left",
+                enable_gqa=False):
+    """(out, lse) of the oracle for broadcast NumPy inputs: one oracle call per batch entry."""
+    q, k, v = (np.asarray(t) for t in (q, k, v))
+    compute = compute_dtype(q.dtype, k.dtype, v.dtype)
+    k, v = expand_kv_heads(q, k, v, enable_gqa)
+    batch = sdpa_batch_shape(q, k, v)
+    L, E = q.shape[-2:]
+    S, Ev = v.shape[-2:]
+    q = np.broadcast_to(q, batch + (L, E))
+    k = np.broadcast_to(k, batch + (S, E))
+    v = np.broadcast_to(v, batch + (S, Ev))
+    mask = _mask_for_oracle(mask, compute)
+    if mask is not None:
+        mask = np.broadcast_to(mask, batch + (L, S))
+    out = np.zeros(batch + (L, Ev))
+    lse = np.zeros(batch + (L,))
+    if L == 0:
+        return out, lse
+    for idx in np.ndindex(*batch):
+        o, s = oracle.scaled_dot_product_attention(
+            to_oracle(q[idx]), to_oracle(k[idx]), to_oracle(v[idx]),
+            None if mask is None else to_oracle(mask[idx]), is_causal, scale,
+            causal_alignment=causal_alignment, return_lse=True, value_dim=Ev)
+        out[idx] = from_oracle(o, (L, Ev))
+        lse[idx] = from_oracle(s, (L,))
+    return out, lse
+
+
+def numpy_sdpa(q, k, v, mask=None, is_causal=False, scale=None, causal_alignment="top_left",
+               enable_gqa=False):
+    """float64 NumPy reference (out, lse) for sizes too big for the oracle (finite inputs)."""
+    q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
+    k, v = expand_kv_heads(q, k, v, enable_gqa)
+    L, E = q.shape[-2:]
+    S = k.shape[-2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(E) if E else 1.0
+    scores = scale * np.matmul(q, np.swapaxes(k, -1, -2))
+    keep = np.ones((L, S), dtype=bool)
+    if is_causal:
+        off = 0 if causal_alignment == "top_left" else S - L
+        keep = np.arange(S)[None, :] <= np.arange(L)[:, None] + off
+    if mask is not None and np.asarray(mask).dtype == np.bool_:
+        keep = keep & mask
+    elif mask is not None:
+        scores = scores + np.asarray(mask, dtype=np.float64)
+    keep = np.broadcast_to(keep, scores.shape)
+    scores = np.where(keep, scores, -np.inf)
+    row_max = scores.max(axis=-1, keepdims=True)
+    dead = ~np.isfinite(row_max)
+    e = np.exp(scores - np.where(dead, 0.0, row_max))
+    z = e.sum(axis=-1, keepdims=True)
+    w = np.where(dead, 0.0, e / np.where(dead, 1.0, z))
+    lse = np.where(dead, -np.inf, row_max + np.log(np.where(dead, 1.0, z)))[..., 0]
+    return np.matmul(w, v), lse
+
+
+# ------------------------------------------------------------------------------------------
+# Calling with checks, and layouts
+# ------------------------------------------------------------------------------------------
+
+def _snapshot(value):
+    if isinstance(value, np.ndarray):
+        return np.ascontiguousarray(value).tobytes(), value.shape, value.dtype, value.strides
+    return None
+
+
+def call_checked(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, asserting afterwards that no ndarray argument (other than
+    ``out``, and for ``matmul_accumulate`` its third argument) changed, bit for bit."""
+    skip = set()
+    if getattr(fn, "__name__", "") == "matmul_accumulate" and len(args) >= 3:
+        skip.add(2)
+    watched = [(i, a) for i, a in enumerate(args) if i not in skip]
+    watched += [(name, a) for name, a in kwargs.items() if name != "out"]
+    out_obj = kwargs.get("out", args[2] if 2 in skip else None)
+    before = [(name, _snapshot(a)) for name, a in watched
+              if isinstance(a, np.ndarray) and not _shares(a, out_obj)]
+    result = fn(*args, **kwargs)
+    lookup = dict(watched)
+    for name, snap in before:
+        assert _snapshot(lookup[name]) == snap, f"{fn.__name__} modified its input {name!r}"
+    return result
+
+
+def _shares(a, out_obj):
+    return isinstance(out_obj, np.ndarray) and np.may_share_memory(a, out_obj)
+
+
+def misaligned(arr):
+    """A copy of ``arr`` in a buffer offset by one byte from an aligned address (so its data
+    pointer is not aligned to the itemsize when the itemsize is > 1)."""
+    arr = np.asarray(arr)
+    raw = np.empty(arr.nbytes + 64 + 1, dtype=np.uint8)
+    start = (-raw.ctypes.data) % 64 + 1
+    view = raw[start:start + arr.nbytes].view(arr.dtype).reshape(arr.shape)
+    view[...] = arr
+    if arr.dtype.itemsize > 1 and arr.size:
+        assert not view.flags.aligned
+    return view
+
+
+LAYOUTS = ("c_contiguous", "fortran", "transposed_view", "reversed_view", "sliced",
+           "misaligned", "read_only")
+
+
+def layout_variants(arr):
+    """(name, array) pairs holding the same values as ``arr`` in other memory layouts."""
+    arr = np.asarray(arr)
+    out = [("c_contiguous", np.ascontiguousarray(arr))]
+    if arr.ndim == 0:
+        ro = np.array(arr)
+        ro.flags.writeable = False
+        return out + [("read_only", ro)]
+    out.append(("fortran", np.asfortranarray(arr)))
+    if arr.ndim >= 2:
+        out.append(("transposed_view", np.swapaxes(np.ascontiguousarray(np.swapaxes(arr, -1, -2)),
+                                                    -1, -2)))
+    rev = np.ascontiguousarray(arr[(slice(None, None, -1),) * arr.ndim])
+    out.append(("reversed_view", rev[(slice(None, None, -1),) * arr.ndim]))
+    big = np.zeros(tuple(2 * s + 1 for s in arr.shape), dtype=arr.dtype)
+    sl = tuple(slice(1, 1 + 2 * s, 2) for s in arr.shape)
+    big[sl] = arr
+    out.append(("sliced", big[sl]))
+    out.append(("misaligned", misaligned(arr)))
+    ro = np.array(arr)
+    ro.flags.writeable = False
+    out.append(("read_only", ro))
+    for name, a in out:
+        assert np.array_equal(a, arr, equal_nan=True), name
+    return out
+
+
+def with_layout(arr, name):
+    """``arr``'s values in the memory layout ``name`` (one of LAYOUTS; C order if ``name``
+    does not apply, e.g. a transposed view of a 1-D array)."""
+    return dict(layout_variants(arr)).get(name, np.ascontiguousarray(arr))
+
+
+def grid_values(rng, shape, lo=-2.0, hi=2.0, step=1.0 / 256):
+    """Random values on the dyadic grid ``step * integer`` in [lo, hi]: exactly representable
+    in float16, float32 and float64, so one oracle result serves every dtype, and small
+    integer multiples of step^2 keep float64 sums of their products exact."""
+    n = rng.integers(round(lo / step), round(hi / step) + 1, size=shape)
+    return n.astype(np.float64) * step

@@ -1,0 +1,1098 @@
+"""The compiled kernels against the pure-Python oracle (and NumPy float64 for big sizes).
+
+Every public function x dtype x compiled variant, on sizes either side of the vector and block
+widths, plus the documented semantics: masks, fully masked rows, causal alignment, GQA, lse,
+scale, empty dimensions, broadcasting, axis, out=, memory layouts, NaN/inf and exp accuracy.
+Tolerances come from conftest.TOLERANCES (via ``assert_close``/``tol``) only.
+"""
+import contextlib
+import functools
+import math
+import warnings
+
+import numpy as np
+import pytest
+from conftest import (
+    assert_close,
+    call_checked,
+    grid_values,
+    layout_variants,
+    numpy_matmul,
+    numpy_sdpa,
+    oracle_matmul,
+    oracle_sdpa,
+    oracle_softmax,
+)
+
+import cyattn
+from cyattn import _backend
+
+SIZES = (1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 97, 127, 128, 129)
+DTYPES = (np.float32, np.float64, np.float16)
+DTYPE_IDS = ("f32", "f64", "f16")
+NATIVE = (np.float32, np.float64)
+NATIVE_IDS = ("f32", "f64")
+ORACLE_BUDGET = 200_000      # multiply-adds per oracle call; larger problems use NumPy float64
+
+softmax_fns = pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+all_dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+native_dtypes = pytest.mark.parametrize("dtype", NATIVE, ids=NATIVE_IDS)
+
+
+def _sm(log):
+    return cyattn.log_softmax if log else cyattn.softmax
+
+
+def sdpa(*args, **kwargs):
+    return call_checked(cyattn.scaled_dot_product_attention, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def no_warnings():
+    """Any warning (e.g. a NumPy RuntimeWarning) inside the block is an error."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with np.errstate(all="raise"):
+            yield
+
+
+# ------------------------------------------------------------------------------------------
+# Sizes either side of vector and block widths
+# ------------------------------------------------------------------------------------------
+
+@softmax_fns
+@pytest.mark.parametrize("n", SIZES)
+@all_dtypes
+def test_softmax_sizes(variant, dtype, n, log):
+    rng = np.random.default_rng(1000 + n)
+    x = (rng.standard_normal((5, n)) * 4).astype(dtype)
+    x[3, rng.random(n) < 0.3] = -np.inf              # some removed entries
+    x[4, :] = -np.inf                                 # fully masked row without a mask
+    fn = _sm(log)
+
+    got = call_checked(fn, x)
+    assert got.dtype == dtype and got.shape == x.shape
+    assert_close(got, oracle_softmax(x, log=log), dtype, k=n)
+
+    keep = rng.random((5, n)) < 0.7
+    keep[1] = False                                   # fully masked row (bool)
+    got = call_checked(fn, x, mask=keep)
+    assert got.dtype == dtype
+    assert_close(got, oracle_softmax(x, mask=keep, log=log), dtype, k=n)
+
+    add = rng.standard_normal((5, n)).astype(dtype)
+    add[rng.random((5, n)) < 0.3] = -np.inf
+    add[2] = -np.inf                                  # fully masked row (float)
+    got = call_checked(fn, x, mask=add)
+    assert_close(got, oracle_softmax(x, mask=add, log=log), dtype, k=n)
+    if not log:
+        sums = got.astype(np.float64).sum(axis=-1)
+        assert sums[2] == 0 and sums[4] == 0
+
+
+MM_SHAPES = [(n, n, n) for n in SIZES] + [
+    (1, 129, 7), (129, 1, 65), (65, 17, 128), (3, 97, 33), (64, 9, 127), (17, 128, 1),
+    (128, 63, 2), (9, 2, 129), (33, 65, 64), (2, 3, 97), (97, 31, 15), (8, 16, 63),
+]
+
+
+@functools.cache
+def _mm_case(M, N, K):
+    rng = np.random.default_rng(M * 10007 + N * 101 + K)
+    a, b, out = grid_values(rng, (M, K)), grid_values(rng, (K, N)), grid_values(rng, (M, N))
+    alpha = -0.75
+    if M * N * K <= ORACLE_BUDGET:
+        ref = oracle_matmul(a, b, out, alpha)
+    else:
+        # Grid inputs (multiples of 2**-8 in [-2, 2]): every product is a multiple of 2**-16
+        # below 4 and every sum stays below 2**10, so the float64 matmul is exact and equals
+        # the oracle's exactly rounded result (test_grid_matmul_reference_is_exact checks it).
+        ref = numpy_matmul(a, b, out, alpha)
+    return a, b, out, alpha, ref
+
+
+def test_grid_matmul_reference_is_exact():
+    rng = np.random.default_rng(5)
+    a, b, out = grid_values(rng, (40, 129)), grid_values(rng, (129, 37)), grid_values(rng, (40, 37))
+    np.testing.assert_array_equal(numpy_matmul(a, b, out, -0.75),
+                                  oracle_matmul(a, b, out, -0.75))
+
+
+@pytest.mark.parametrize("shape", MM_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@all_dtypes
+def test_matmul_sizes(variant, dtype, shape):
+    M, N, K = shape
+    a, b, out0, alpha, ref = _mm_case(M, N, K)
+    a, b, out = a.astype(dtype), b.astype(dtype), out0.astype(dtype)
+    res = call_checked(cyattn.matmul_accumulate, a, b, out, alpha=alpha)
+    assert res is out and out.dtype == dtype
+    assert_close(out, ref, dtype, k=K)
+
+
+ATT_COMBOS = [  # (L, S, E, Ev)
+    (1, 1, 1, 1), (2, 3, 7, 8), (3, 2, 8, 9), (7, 9, 15, 16), (8, 17, 16, 15),
+    (9, 31, 17, 7), (15, 16, 31, 33), (16, 15, 33, 31), (17, 33, 9, 8), (31, 7, 63, 2),
+    (33, 64, 3, 1), (63, 65, 8, 9), (64, 63, 9, 8), (65, 64, 7, 16), (97, 17, 16, 3),
+    (127, 8, 33, 2), (128, 31, 1, 17), (129, 128, 2, 3), (65, 129, 1, 1), (129, 9, 32, 129),
+    (2, 3, 129, 64), (3, 2, 128, 65), (5, 4, 127, 97), (4, 5, 97, 128), (130, 66, 4, 5),
+]
+ATT_MODES = ("plain", "bool", "float", "causal_tl", "causal_br", "causal_and_bool")
+
+
+@functools.cache
+def _att_case(L, S, E, Ev, mode):
+    assert L * S * (E + Ev) <= ORACLE_BUDGET
+    rng = np.random.default_rng(L * 1_000_003 + S * 1009 + E * 31 + Ev)
+    q, k, v = grid_values(rng, (L, E)), grid_values(rng, (S, E)), grid_values(rng, (S, Ev))
+    kw = {}
+    if mode in ("bool", "causal_and_bool"):
+        mask = rng.random((L, S)) < 0.6
+        mask[L // 2] = False                      # a fully masked row
+        kw["attn_mask"] = mask
+    if mode == "float":
+        mask = grid_values(rng, (L, S), -4, 4, 0.5)
+        mask[rng.random((L, S)) < 0.3] = -np.inf
+        mask[L - 1] = -np.inf                     # a fully masked row
+        kw["attn_mask"] = mask
+    if mode.startswith("causal"):
+        kw["is_causal"] = True
+        kw["causal_alignment"] = "bottom_right" if mode == "causal_br" else "top_left"
+    ref = oracle_sdpa(q, k, v, kw.get("attn_mask"), kw.get("is_causal", False), None,
+                      kw.get("causal_alignment", "top_left"))
+    return q, k, v, kw, ref
+
+
+@pytest.mark.parametrize("combo", ATT_COMBOS, ids=lambda c: "L{}S{}E{}Ev{}".format(*c))
+@all_dtypes
+def test_sdpa_sizes(variant, dtype, combo):
+    L, S, E, Ev = combo
+    for mode in ATT_MODES:
+        q, k, v, kw, (ref_out, ref_lse) = _att_case(L, S, E, Ev, mode)
+        if "attn_mask" in kw and kw["attn_mask"].dtype != np.bool_:
+            kw = dict(kw, attn_mask=kw["attn_mask"].astype(dtype))
+        out, lse = sdpa(q.astype(dtype), k.astype(dtype), v.astype(dtype), return_lse=True, **kw)
+        assert out.dtype == dtype and lse.dtype == dtype
+        assert out.shape == (L, Ev) and lse.shape == (L,)
+        assert_close(out, ref_out, dtype, k=E + S, err_msg=mode)
+        assert_close(lse, ref_lse, dtype, k=E + S, err_msg=mode)
+
+
+# ------------------------------------------------------------------------------------------
+# Larger sizes against NumPy float64
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(300, 257, 260), (2, 4100, 3), (150, 30, 600), (5, 2, 1)],
+                         ids=lambda s: "x".join(map(str, s)))
+@all_dtypes
+def test_matmul_large_vs_numpy(variant, dtype, shape):
+    M, N, K = shape
+    rng = np.random.default_rng(M + N + K)
+    a = rng.standard_normal((M, K)).astype(dtype)
+    b = rng.standard_normal((K, N)).astype(dtype)
+    out = rng.standard_normal((M, N)).astype(dtype)
+    ref = numpy_matmul(a, b, out, 0.5)
+    call_checked(cyattn.matmul_accumulate, a, b, out, alpha=0.5)
+    assert_close(out, ref, dtype, k=K)
+
+
+@pytest.mark.parametrize("mode", ["plain", "causal_br", "bool", "float"])
+@all_dtypes
+def test_sdpa_large_vs_numpy(variant, dtype, mode):
+    rng = np.random.default_rng(7)
+    B, H, L, S, E, Ev = 2, 2, 300, 300, 64, 48
+    if mode == "causal_br":
+        S = 320
+    q = rng.standard_normal((B, H, L, E)).astype(dtype)
+    k = rng.standard_normal((B, H, S, E)).astype(dtype)
+    v = rng.standard_normal((B, H, S, Ev)).astype(dtype)
+    kw = {}
+    if mode == "causal_br":
+        kw = {"is_causal": True, "causal_alignment": "bottom_right"}
+    elif mode == "bool":
+        kw = {"attn_mask": rng.random((B, 1, L, S)) < 0.5}
+    elif mode == "float":
+        kw = {"attn_mask": rng.standard_normal((L, S)).astype(dtype)}
+    ref_out, ref_lse = numpy_sdpa(q, k, v, kw.get("attn_mask"), kw.get("is_causal", False),
+                                  causal_alignment=kw.get("causal_alignment", "top_left"))
+    out, lse = sdpa(q, k, v, return_lse=True, **kw)
+    assert_close(out, ref_out, dtype, k=E + S)
+    assert_close(lse, ref_lse, dtype, k=E + S)
+
+
+@pytest.mark.parametrize("L,S,E,Ev,kw", [
+    (5, 7, 300, 4, {}),                                               # E > KC: split QK^T depth
+    (3, 5, 8, 4100, {}),                                              # Ev > NC: split P V width
+    (300, 100, 16, 8, {"is_causal": True, "causal_alignment": "bottom_right"}),   # L > S
+    (100, 300, 520, 8, {"is_causal": True}),                          # S > KC, causal
+], ids=["E300", "Ev4100", "L300S100_br", "S300E520_tl"])
+@native_dtypes
+def test_sdpa_wide_vs_numpy(variant, dtype, L, S, E, Ev, kw):
+    rng = np.random.default_rng(L + S + E + Ev)
+    q, k, v = (rng.standard_normal(s).astype(dtype) for s in ((L, E), (S, E), (S, Ev)))
+    ref_out, ref_lse = numpy_sdpa(q, k, v, **kw)
+    out, lse = sdpa(q, k, v, return_lse=True, **kw)
+    assert_close(out, ref_out, dtype, k=E + S)
+    assert_close(lse, ref_lse, dtype, k=E + S)
+
+
+def test_sdpa_long_keys_vs_numpy(variant):
+    """S beyond the packing width NC of the GEMM (4032 columns)."""
+    rng = np.random.default_rng(8)
+    q, k, v = (rng.standard_normal(s) for s in ((3, 8), (4100, 8), (4100, 5)))
+    ref_out, ref_lse = numpy_sdpa(q, k, v)
+    out, lse = sdpa(q, k, v, return_lse=True)
+    assert_close(out, ref_out, np.float64, k=4108)
+    assert_close(lse, ref_lse, np.float64, k=4108)
+
+
+# ------------------------------------------------------------------------------------------
+# Masks, fully masked rows, causal
+# ------------------------------------------------------------------------------------------
+
+@softmax_fns
+@native_dtypes
+def test_softmax_fully_masked_rows(variant, dtype, log):
+    x = np.array([[1.0, 2.0, 3.0], [-np.inf, -np.inf, -np.inf], [0.5, np.nan, 1.0]], dtype)
+    fill = -np.inf if log else 0.0
+    with no_warnings():
+        got = call_checked(_sm(log), x, mask=np.array([[False] * 3, [True] * 3, [False] * 3]))
+        np.testing.assert_array_equal(got, np.full((3, 3), fill, dtype))
+        got = call_checked(_sm(log), x, mask=np.full(3, -np.inf, dtype))
+        np.testing.assert_array_equal(got[:2], np.full((2, 3), fill, dtype))
+        assert np.isnan(got[2]).all()                 # NaN + -inf is NaN: a NaN row
+        got = call_checked(_sm(log), x[1:2])
+        np.testing.assert_array_equal(got, np.full((1, 3), fill, dtype))
+
+
+@native_dtypes
+def test_softmax_bool_mask_never_reads_masked_entries(variant, dtype):
+    x = np.array([[1.0, np.nan, 2.0, np.inf, -3.0]], dtype)
+    keep = np.array([True, False, True, False, True])
+    got = call_checked(cyattn.softmax, x, mask=keep)
+    exp = oracle_softmax(x, mask=keep)
+    assert got[0, 1] == 0 and got[0, 3] == 0
+    assert_close(got, exp, dtype)
+    got = call_checked(cyattn.log_softmax, x, mask=keep)
+    assert_close(got, oracle_softmax(x, mask=keep, log=True), dtype)
+
+
+@native_dtypes
+def test_softmax_float_mask_is_added(variant, dtype):
+    x = np.array([[1.0, 2.0, 3.0, 4.0]], dtype)
+    add = np.array([0.0, -1e9, np.finfo(dtype).min, -np.inf], dtype)
+    got = call_checked(cyattn.softmax, x, mask=add)
+    np.testing.assert_array_equal(got, np.array([[1, 0, 0, 0]], dtype))
+    got = call_checked(cyattn.softmax, x, mask=np.array([0.0, 0.0, 0.0, -1.0], dtype))
+    assert_close(got, oracle_softmax(x, mask=np.array([0.0, 0.0, 0.0, -1.0], dtype)), dtype)
+
+
+@native_dtypes
+def test_sdpa_fully_masked_rows(variant, dtype):
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal(s).astype(dtype) for s in ((4, 5), (6, 5), (6, 3)))
+    keep = np.ones((4, 6), bool)
+    keep[1] = False
+    add = np.zeros((4, 6), dtype)
+    add[2] = -np.inf
+    with no_warnings():
+        for mask, row in ((keep, 1), (add, 2)):
+            out, lse = sdpa(q, k, v, mask, return_lse=True)
+            np.testing.assert_array_equal(out[row], 0)
+            assert lse[row] == -np.inf
+            ref_out, ref_lse = oracle_sdpa(q, k, v, mask)
+            assert_close(out, ref_out, dtype, k=11)
+            assert_close(lse, ref_lse, dtype, k=11)
+        # bottom_right with L > S: the first L - S rows see no key
+        out, lse = sdpa(q, k[:2], v[:2], is_causal=True, causal_alignment="bottom_right",
+                        return_lse=True)
+        np.testing.assert_array_equal(out[:2], 0)
+        np.testing.assert_array_equal(lse[:2], -np.inf)
+        assert np.isfinite(out[2:]).all()
+
+
+CAUSAL_SHAPES = [(5, 9), (9, 5), (7, 7), (70, 3), (3, 70), (66, 130), (130, 66), (1, 64)]
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("LS", CAUSAL_SHAPES, ids=lambda t: "L{}S{}".format(*t))
+@native_dtypes
+def test_sdpa_causal(variant, dtype, LS, align):
+    L, S = LS
+    rng = np.random.default_rng(L * 1000 + S)
+    E, Ev = 6, 5
+    q, k, v = (rng.standard_normal(s).astype(dtype) for s in ((2, L, E), (2, S, E), (2, S, Ev)))
+    keep = rng.random((2, L, S)) < 0.7
+    add = rng.standard_normal((L, S)).astype(dtype)
+    add[rng.random((L, S)) < 0.2] = -np.inf
+    for mask in (None, keep, add):
+        out, lse = sdpa(q, k, v, mask, True, causal_alignment=align, return_lse=True)
+        ref_out, ref_lse = oracle_sdpa(q, k, v, mask, True, causal_alignment=align)
+        assert_close(out, ref_out, dtype, k=E + S)
+        assert_close(lse, ref_lse, dtype, k=E + S)
+    # is_causal AND a bool mask == the combined bool mask (equal up to rounding: the causal
+    # path sums each row's softmax over the causal prefix only, so the partial sums differ)
+    off = 0 if align == "top_left" else S - L
+    causal = np.arange(S)[None, :] <= np.arange(L)[:, None] + off
+    a, lse_a = sdpa(q, k, v, keep, True, causal_alignment=align, return_lse=True)
+    b, lse_b = sdpa(q, k, v, keep & causal, return_lse=True)
+    assert_close(a, b, dtype, k=E + S)
+    assert_close(lse_a, lse_b, dtype, k=E + S)
+    np.testing.assert_array_equal(a == 0, b == 0)
+
+
+def test_causal_alignment_equal_lengths_agree(variant):
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((3, 70, 8)) for _ in range(3))
+    a = sdpa(q, k, v, is_causal=True)
+    b = sdpa(q, k, v, is_causal=True, causal_alignment="bottom_right")
+    np.testing.assert_array_equal(a, b)
+    # row 0 sees only key 0
+    np.testing.assert_array_equal(a[:, 0], v[:, 0])
+
+
+# ------------------------------------------------------------------------------------------
+# GQA, lse, scale
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("hkv", [4, 2, 1])
+@all_dtypes
+def test_sdpa_gqa(variant, dtype, hkv):
+    rng = np.random.default_rng(hkv)
+    B, Hq, L, S, E, Ev = 2, 4, 5, 7, 8, 3
+    q = grid_values(rng, (B, Hq, L, E)).astype(dtype)
+    k = grid_values(rng, (B, hkv, S, E)).astype(dtype)
+    v = grid_values(rng, (B, hkv, S, Ev)).astype(dtype)
+    keep = rng.random((B, 1, L, S)) < 0.7
+    for kw in ({}, {"attn_mask": keep}, {"is_causal": True, "causal_alignment": "bottom_right"}):
+        out, lse = sdpa(q, k, v, enable_gqa=True, return_lse=True, **kw)
+        assert out.shape == (B, Hq, L, Ev) and out.dtype == dtype
+        rep = Hq // hkv
+        out2, lse2 = sdpa(q, np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1),
+                          return_lse=True, **kw)
+        np.testing.assert_array_equal(out, out2)
+        np.testing.assert_array_equal(lse, lse2)
+        ref_out, ref_lse = oracle_sdpa(q, k, v, kw.get("attn_mask"), kw.get("is_causal", False),
+                                       None, kw.get("causal_alignment", "top_left"),
+                                       enable_gqa=True)
+        assert_close(out, ref_out, dtype, k=E + S)
+        assert_close(lse, ref_lse, dtype, k=E + S)
+
+
+def test_sdpa_gqa_broadcast_kv_batch(variant):
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((3, 4, 5, 6))
+    k = rng.standard_normal((2, 7, 6))          # no batch dim, 2 kv heads
+    v = rng.standard_normal((1, 2, 7, 4))
+    out = sdpa(q, k, v, enable_gqa=True)
+    ref, _ = oracle_sdpa(q, k[None], v, enable_gqa=True)
+    assert out.shape == (3, 4, 5, 4)
+    assert_close(out, ref, np.float64, k=13)
+
+
+@native_dtypes
+def test_sdpa_lse_matches_oracle(variant, dtype):
+    rng = np.random.default_rng(12)
+    q, k, v = (rng.standard_normal(s).astype(dtype) for s in ((6, 4), (9, 4), (9, 2)))
+    keep = rng.random((6, 9)) < 0.5
+    keep[0] = False
+    q[3, 1] = np.nan
+    out, lse = sdpa(q, k, v, keep, return_lse=True, scale=0.7)
+    ref_out, ref_lse = oracle_sdpa(q, k, v, keep, scale=0.7)
+    assert lse[0] == -np.inf and np.isnan(lse[3]) and np.isnan(out[3]).all()
+    assert_close(lse, ref_lse, dtype, k=13)
+    assert_close(out, ref_out, dtype, k=13)
+    # lse is the log-sum-exp of the scaled, masked scores
+    s = 0.7 * q.astype(np.float64) @ k.astype(np.float64).T
+    for i in (1, 2, 4, 5):
+        if keep[i].any():
+            assert_close(lse[i], np.log(np.exp(s[i][keep[i]]).sum()), dtype, k=13)
+
+
+@pytest.mark.parametrize("scale", [0.0, 0.5, 2.0, -1.0, 1e-3])
+@native_dtypes
+def test_sdpa_explicit_scale(variant, dtype, scale):
+    rng = np.random.default_rng(13)
+    q, k, v = (rng.standard_normal(s).astype(dtype) for s in ((2, 5, 4), (2, 6, 4), (2, 6, 3)))
+    add = rng.standard_normal((5, 6)).astype(dtype)
+    for mask in (None, add):
+        out, lse = sdpa(q, k, v, mask, scale=scale, return_lse=True)
+        ref_out, ref_lse = oracle_sdpa(q, k, v, mask, scale=scale)
+        assert_close(out, ref_out, dtype, k=10)
+        assert_close(lse, ref_lse, dtype, k=10)
+    # scale 0: weights are softmax(mask) (the scale never multiplies the mask)
+    if scale == 0.0:
+        out = sdpa(q, k, v, scale=0.0)
+        assert_close(out, np.broadcast_to(v.astype(np.float64).mean(axis=1, keepdims=True),
+                                          out.shape), dtype, k=6)
+        out = sdpa(q, k, v, add, scale=0.0)
+        w = np.exp(add.astype(np.float64))
+        w /= w.sum(axis=-1, keepdims=True)
+        assert_close(out, w @ v.astype(np.float64), dtype, k=10)
+
+
+def test_sdpa_default_scale(variant):
+    rng = np.random.default_rng(14)
+    q, k, v = (rng.standard_normal(s) for s in ((5, 9), (6, 9), (6, 3)))
+    np.testing.assert_array_equal(sdpa(q, k, v), sdpa(q, k, v, scale=1 / 3))
+
+
+# ------------------------------------------------------------------------------------------
+# Empty dimensions
+# ------------------------------------------------------------------------------------------
+
+@all_dtypes
+def test_sdpa_e_zero(variant, dtype):
+    rng = np.random.default_rng(15)
+    q, k = np.zeros((2, 3, 0), dtype), np.zeros((2, 5, 0), dtype)
+    v = rng.standard_normal((2, 5, 4)).astype(dtype)
+    mean = np.broadcast_to(v.astype(np.float64).mean(axis=1, keepdims=True), (2, 3, 4))
+    for scale in (None, 0.0, 3.0):
+        out, lse = sdpa(q, k, v, scale=scale, return_lse=True)
+        assert out.shape == (2, 3, 4) and out.dtype == dtype
+        assert_close(out, mean, dtype, k=5)
+        assert_close(lse, np.full((2, 3), np.log(5.0)), dtype, k=5)
+        ref_out, ref_lse = oracle_sdpa(q, k, v, scale=scale)
+        assert_close(out, ref_out, dtype, k=5)
+        assert_close(lse, ref_lse, dtype, k=5)
+    keep = np.array([True, False, True, False, False])
+    out = sdpa(q, k, v, keep)
+    assert_close(out, np.broadcast_to(v[:, [0, 2]].astype(np.float64).mean(axis=1,
+                                                                          keepdims=True),
+                                      (2, 3, 4)), dtype, k=5)
+
+
+@all_dtypes
+def test_sdpa_s_zero(variant, dtype):
+    q = np.ones((2, 3, 4), dtype)
+    k, v = np.zeros((2, 0, 4), dtype), np.zeros((2, 0, 5), dtype)
+    with no_warnings():
+        for kw in ({}, {"attn_mask": np.zeros((3, 0), bool)}, {"is_causal": True}):
+            out, lse = sdpa(q, k, v, return_lse=True, **kw)
+            assert out.shape == (2, 3, 5) and out.dtype == dtype
+            np.testing.assert_array_equal(out, 0)
+            np.testing.assert_array_equal(lse, -np.inf)
+    ref_out, ref_lse = oracle_sdpa(q, k, v)
+    np.testing.assert_array_equal(out, ref_out)
+    np.testing.assert_array_equal(lse, ref_lse)
+
+
+@all_dtypes
+def test_sdpa_l_zero_and_batch_zero(variant, dtype):
+    q, k, v = np.ones((2, 0, 4), dtype), np.ones((2, 6, 4), dtype), np.ones((2, 6, 5), dtype)
+    out, lse = sdpa(q, k, v, return_lse=True, is_causal=True)
+    assert out.shape == (2, 0, 5) and lse.shape == (2, 0) and out.dtype == dtype
+    q, k, v = np.ones((0, 3, 4, 4), dtype), np.ones((0, 3, 6, 4), dtype), np.ones((1, 3, 6, 5),
+                                                                                  dtype)
+    out, lse = sdpa(q, k, v, np.ones((4, 6), bool), return_lse=True)
+    assert out.shape == (0, 3, 4, 5) and lse.shape == (0, 3, 4)
+    q = np.ones((2, 3, 0), dtype)
+    out = sdpa(q, np.ones((2, 0, 0), dtype), np.ones((2, 0, 0), dtype))
+    assert out.shape == (2, 3, 0)
+    out = sdpa(np.ones((2, 3, 4), dtype), np.ones((2, 6, 4), dtype), np.ones((2, 6, 0), dtype))
+    assert out.shape == (2, 3, 0)
+
+
+@softmax_fns
+@all_dtypes
+def test_softmax_empty(variant, dtype, log):
+    for shape, axis in (((0, 5), -1), ((5, 0), -1), ((5, 0), 0), ((0,), 0), ((2, 0, 3), 1),
+                        ((2, 0, 3), 2)):
+        x = np.ones(shape, dtype)
+        got = call_checked(_sm(log), x, axis=axis)
+        assert got.shape == shape and got.dtype == dtype
+
+
+@all_dtypes
+def test_matmul_empty(variant, dtype):
+    for M, N, K in ((0, 3, 4), (3, 0, 4), (3, 4, 0), (0, 0, 0)):
+        a, b = np.ones((M, K), dtype), np.ones((K, N), dtype)
+        out = np.full((M, N), 2.5, dtype)
+        assert cyattn.matmul_accumulate(a, b, out) is out
+        np.testing.assert_array_equal(out, np.full((M, N), 2.5, dtype))
+    out = np.ones((0, 3, 4), dtype)
+    cyattn.matmul_accumulate(np.ones((0, 3, 2), dtype), np.ones((2, 4), dtype), out)
+    assert out.shape == (0, 3, 4)
+
+
+# ------------------------------------------------------------------------------------------
+# Broadcasting
+# ------------------------------------------------------------------------------------------
+
+@native_dtypes
+def test_sdpa_batch_broadcast(variant, dtype):
+    rng = np.random.default_rng(16)
+    B, H, L, S, E, Ev = 3, 2, 5, 6, 4, 3
+    q = rng.standard_normal((B, H, L, E)).astype(dtype)
+    k = rng.standard_normal((1, H, S, E)).astype(dtype)
+    v = rng.standard_normal((H, S, Ev)).astype(dtype)
+    out = sdpa(q, k, v)
+    assert out.shape == (B, H, L, Ev)
+    ref, _ = oracle_sdpa(q, k, v)
+    assert_close(out, ref, dtype, k=E + S)
+    explicit = sdpa(q, np.broadcast_to(k, (B, H, S, E)).copy(),
+                    np.broadcast_to(v, (B, H, S, Ev)).copy())
+    np.testing.assert_array_equal(out, explicit)
+    # the query broadcasts too
+    out = sdpa(q[:1], np.broadcast_to(k, (B, H, S, E)).copy(), v)
+    assert out.shape == (B, H, L, Ev)
+    ref, _ = oracle_sdpa(q[:1], np.broadcast_to(k, (B, H, S, E)), v)
+    assert_close(out, ref, dtype, k=E + S)
+
+
+@pytest.mark.parametrize("mask_shape", [(6,), (5, 6), (3, 1, 1, 6), (1, 2, 5, 6), (3, 2, 5, 6),
+                                        (2, 1, 6), (1, 5, 1)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_sdpa_mask_broadcast(variant, mask_shape, kind):
+    rng = np.random.default_rng(17)
+    q, k, v = (rng.standard_normal(s) for s in ((3, 2, 5, 4), (3, 2, 6, 4), (3, 2, 6, 3)))
+    if kind == "bool":
+        mask = rng.random(mask_shape) < 0.6
+    else:
+        mask = rng.standard_normal(mask_shape)
+        mask[rng.random(mask_shape) < 0.3] = -np.inf
+    out, lse = sdpa(q, k, v, mask, return_lse=True)
+    ref_out, ref_lse = oracle_sdpa(q, k, v, mask)
+    assert_close(out, ref_out, np.float64, k=10)
+    assert_close(lse, ref_lse, np.float64, k=10)
+    full = np.broadcast_to(mask, (3, 2, 5, 6)).copy()
+    np.testing.assert_array_equal(out, sdpa(q, k, v, full))
+
+
+@pytest.mark.parametrize("mask_shape", [(5,), (4, 5), (3, 1, 5), (1, 4, 1), (3, 4, 5)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@softmax_fns
+def test_softmax_mask_broadcast(variant, mask_shape, kind, log):
+    rng = np.random.default_rng(18)
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    mask = (rng.random(mask_shape) < 0.6 if kind == "bool"
+            else rng.standard_normal(mask_shape).astype(np.float32))
+    got = call_checked(_sm(log), x, mask=mask)
+    assert_close(got, oracle_softmax(x, mask=mask, log=log), np.float32, k=5)
+    np.testing.assert_array_equal(got, _sm(log)(x, mask=np.broadcast_to(mask, x.shape).copy()))
+
+
+@native_dtypes
+def test_matmul_batch_broadcast(variant, dtype):
+    rng = np.random.default_rng(19)
+    cases = [((4, 3), (2, 3, 5), (2, 4, 5)),
+             ((2, 1, 4, 3), (3, 3, 5), (2, 3, 4, 5)),
+             ((1, 4, 3), (3, 5), (6, 4, 5)),
+             ((2, 4, 3), (2, 3, 5), (2, 4, 5))]
+    for sa, sb, so in cases:
+        a, b = rng.standard_normal(sa).astype(dtype), rng.standard_normal(sb).astype(dtype)
+        out = rng.standard_normal(so).astype(dtype)
+        ref = oracle_matmul(a, b, out, 1.5)
+        call_checked(cyattn.matmul_accumulate, a, b, out, alpha=1.5)
+        assert_close(out, ref, dtype, k=3)
+
+
+# ------------------------------------------------------------------------------------------
+# softmax axis
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1, -2, -3])
+@softmax_fns
+@all_dtypes
+def test_softmax_axis(variant, dtype, axis, log):
+    rng = np.random.default_rng(20)
+    x = (rng.standard_normal((5, 6, 7)) * 3).astype(dtype)
+    keep = rng.random((5, 6, 7)) < 0.7
+    for mask in (None, keep, keep[0]):
+        got = call_checked(_sm(log), x, axis=axis, mask=mask)
+        assert got.shape == x.shape and got.dtype == dtype
+        assert_close(got, oracle_softmax(x, axis=axis, mask=mask, log=log), dtype, k=7)
+        moved = np.moveaxis(x, axis, -1)
+        mm = None if mask is None else np.moveaxis(np.broadcast_to(mask, x.shape), axis, -1)
+        np.testing.assert_array_equal(got, np.moveaxis(_sm(log)(moved, mask=mm), -1, axis))
+
+
+# ------------------------------------------------------------------------------------------
+# out=
+# ------------------------------------------------------------------------------------------
+
+@softmax_fns
+@all_dtypes
+def test_softmax_out(variant, dtype, log):
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((6, 9)).astype(dtype)
+    keep = rng.random((6, 9)) < 0.7
+    expected = _sm(log)(x, mask=keep)
+    out = np.empty_like(x)
+    assert call_checked(_sm(log), x, mask=keep, out=out) is out
+    np.testing.assert_array_equal(out, expected)
+    big = np.full((6, 20), 7.0, dtype)
+    view = big[:, 1::2][:, :9]
+    assert call_checked(_sm(log), x, mask=keep, out=view) is view
+    np.testing.assert_array_equal(view, expected)
+    assert (big[:, ::2] == 7.0).all() and (big[:, 19] == 7.0).all()
+    fo = np.empty(x.shape, dtype, order="F")
+    _sm(log)(x, mask=keep, out=fo)
+    np.testing.assert_array_equal(fo, expected)
+    # out is x itself (in place), and along axis 0
+    y = x.copy()
+    assert _sm(log)(y, mask=keep, out=y) is y
+    np.testing.assert_array_equal(y, expected)
+    y = x.copy()
+    _sm(log)(y, axis=0, out=y)
+    np.testing.assert_array_equal(y, _sm(log)(x, axis=0))
+    # out overlapping x shifted by one row
+    buf = np.concatenate([x, x[:1]])
+    _sm(log)(buf[:6], out=buf[1:])
+    np.testing.assert_array_equal(buf[1:], _sm(log)(x))
+
+
+@all_dtypes
+def test_matmul_out_layouts_and_aliasing(variant, dtype):
+    rng = np.random.default_rng(22)
+    M, K = 37, 29
+    a = grid_values(rng, (M, K)).astype(dtype)
+    b = grid_values(rng, (K, K)).astype(dtype)          # dense square b: out may be a
+    base = grid_values(rng, (M, K)).astype(dtype)
+    expected = base.copy()
+    cyattn.matmul_accumulate(a, b, expected, alpha=0.5)
+    assert_close(expected, oracle_matmul(a, b, base, 0.5), dtype, k=K)
+    # strided view, Fortran, reversed view
+    big = np.full((2 * M, 2 * K), 3.0, dtype)
+    view = big[::2, 1::2]
+    view[...] = base
+    call_checked(cyattn.matmul_accumulate, a, b, view, alpha=0.5)
+    np.testing.assert_array_equal(view, expected)
+    assert (big[1::2] == 3.0).all() and (big[::2, ::2] == 3.0).all()
+    fo = np.asfortranarray(base)
+    cyattn.matmul_accumulate(a, b, fo, alpha=0.5)
+    np.testing.assert_array_equal(fo, expected)
+    rev = base[::-1, ::-1].copy()[::-1, ::-1]
+    cyattn.matmul_accumulate(a, b, rev, alpha=0.5)
+    np.testing.assert_array_equal(rev, expected)
+    # out is a itself: a <- a + 0.5 a @ b
+    aa = a.copy()
+    ref = oracle_matmul(a, b, a, 0.5)
+    assert call_checked(cyattn.matmul_accumulate, aa, b, aa, alpha=0.5) is aa
+    assert_close(aa, ref, dtype, k=K)
+    # out is b itself: b <- b + c @ b with square c
+    c = grid_values(rng, (K, K)).astype(dtype)
+    bb = b.copy()
+    ref = oracle_matmul(c, b, b, 1.0)
+    cyattn.matmul_accumulate(c, bb, bb)
+    assert_close(bb, ref, dtype, k=K)
+    # out overlaps a (a is a shifted window of the same buffer)
+    buf = grid_values(rng, (M + 1, K)).astype(dtype)
+    a2, o2 = buf[:M].copy(), buf[1:].copy()
+    ref = oracle_matmul(a2, b, o2, 1.0)
+    cyattn.matmul_accumulate(buf[:M], b, buf[1:])
+    assert_close(buf[1:], ref, dtype, k=K)
+
+
+@all_dtypes
+def test_sdpa_out(variant, dtype):
+    rng = np.random.default_rng(23)
+    q, k, v = (rng.standard_normal(s).astype(dtype) for s in ((2, 7, 5), (2, 7, 5), (2, 7, 5)))
+    keep = rng.random((7, 7)) < 0.7
+    expected, lse_expected = sdpa(q, k, v, keep, return_lse=True)
+    out = np.empty_like(q)
+    res, lse = sdpa(q, k, v, keep, out=out, return_lse=True)
+    assert res is out
+    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(lse, lse_expected)
+    big = np.full((2, 14, 10), 9.0, dtype)
+    view = big[:, ::2, 1::2]
+    assert sdpa(q, k, v, keep, out=view) is view
+    np.testing.assert_array_equal(view, expected)
+    assert (big[:, 1::2] == 9).all() and (big[:, :, ::2] == 9).all()
+    for alias in ("query", "key", "value"):
+        qq, kk, vv = q.copy(), k.copy(), v.copy()
+        target = {"query": qq, "key": kk, "value": vv}[alias]
+        res = cyattn.scaled_dot_product_attention(qq, kk, vv, keep, out=target)
+        assert res is target
+        np.testing.assert_array_equal(target, expected)
+
+
+# ------------------------------------------------------------------------------------------
+# Memory layouts give the same result as contiguous copies
+# ------------------------------------------------------------------------------------------
+
+@softmax_fns
+@all_dtypes
+def test_softmax_layouts(variant, dtype, log):
+    rng = np.random.default_rng(24)
+    x = rng.standard_normal((4, 6, 33)).astype(dtype)
+    keep = rng.random((4, 6, 33)) < 0.7
+    add = rng.standard_normal((6, 33)).astype(dtype)
+    for axis in (-1, 1):
+        for mask in (None, keep, add):
+            expected = _sm(log)(x, axis=axis, mask=mask)
+            for name, xl in layout_variants(x):
+                got = call_checked(_sm(log), xl, axis=axis, mask=mask)
+                np.testing.assert_array_equal(got, expected, err_msg=name)
+            if mask is not None:
+                for name, ml in layout_variants(mask):
+                    got = call_checked(_sm(log), x, axis=axis, mask=ml)
+                    np.testing.assert_array_equal(got, expected, err_msg="mask " + name)
+
+
+@all_dtypes
+def test_matmul_layouts(variant, dtype):
+    rng = np.random.default_rng(25)
+    a = grid_values(rng, (2, 35, 27)).astype(dtype)
+    b = grid_values(rng, (2, 27, 30)).astype(dtype)
+    base = grid_values(rng, (2, 35, 30)).astype(dtype)
+    expected = base.copy()
+    cyattn.matmul_accumulate(a, b, expected, alpha=-1.25)
+    for which in ("a", "b"):
+        for name, arr in layout_variants(a if which == "a" else b):
+            out = base.copy()
+            args = (arr, b) if which == "a" else (a, arr)
+            call_checked(cyattn.matmul_accumulate, *args, out, alpha=-1.25)
+            np.testing.assert_array_equal(out, expected, err_msg=f"{which} {name}")
+    for name, out in layout_variants(base):
+        if not out.flags.writeable:
+            continue
+        cyattn.matmul_accumulate(a, b, out, alpha=-1.25)
+        np.testing.assert_array_equal(out, expected, err_msg="out " + name)
+
+
+@all_dtypes
+def test_sdpa_layouts(variant, dtype):
+    rng = np.random.default_rng(26)
+    q = rng.standard_normal((2, 3, 70, 9)).astype(dtype)
+    k = rng.standard_normal((2, 3, 11, 9)).astype(dtype)
+    v = rng.standard_normal((2, 3, 11, 5)).astype(dtype)
+    keep = rng.random((70, 11)) < 0.7
+    add = rng.standard_normal((2, 1, 70, 11)).astype(dtype)
+    for mask in (None, keep, add):
+        expected, lse_e = sdpa(q, k, v, mask, return_lse=True, is_causal=True,
+                               causal_alignment="bottom_right")
+        for pos in range(4 if mask is not None else 3):
+            src = (q, k, v, mask)[pos]
+            for name, arr in layout_variants(src):
+                args = [q, k, v, mask]
+                args[pos] = arr
+                got, lse = sdpa(*args, return_lse=True, is_causal=True,
+                                causal_alignment="bottom_right")
+                np.testing.assert_array_equal(got, expected, err_msg=f"arg {pos} {name}")
+                np.testing.assert_array_equal(lse, lse_e, err_msg=f"arg {pos} {name}")
+
+
+# ------------------------------------------------------------------------------------------
+# Dtypes
+# ------------------------------------------------------------------------------------------
+
+def test_mixed_dtypes_promote(variant):
+    rng = np.random.default_rng(27)
+    q32 = rng.standard_normal((4, 3)).astype(np.float32)
+    k64 = rng.standard_normal((5, 3))
+    v16 = rng.standard_normal((5, 2)).astype(np.float16)
+    out = sdpa(q32, k64, v16)
+    assert out.dtype == np.float64
+    ref, _ = oracle_sdpa(q32, k64, v16)
+    assert_close(out, ref, np.float64, k=8)
+    out = sdpa(q32, q32[:2].astype(np.float16), v16[:2])
+    assert out.dtype == np.float32
+    # float64 mask does not promote float32 data
+    assert sdpa(q32, q32, q32, np.zeros((4, 4))).dtype == np.float32
+    assert cyattn.softmax(q32, mask=np.zeros(3)).dtype == np.float32
+    out = np.zeros((4, 2))
+    cyattn.matmul_accumulate(q32, v16[:3].astype(np.float64), out)
+    assert_close(out, q32.astype(np.float64) @ v16[:3].astype(np.float64), np.float64, k=3)
+    out = np.zeros((4, 2), np.float32)
+    cyattn.matmul_accumulate(q32, v16[:3], out)
+    assert_close(out, q32.astype(np.float64) @ v16[:3].astype(np.float64), np.float32, k=3)
+
+
+def test_array_likes_accepted(variant):
+    got = cyattn.softmax([1.0, 2.0, 3.0])
+    assert got.dtype == np.float64
+    assert_close(got, oracle_softmax(np.array([1.0, 2.0, 3.0])), np.float64)
+    q, k, v = [[1.0]], [[2.0], [1.0], [0.0]], [[1.0, 0.0], [0.0, 2.0], [3.0, 1.0]]
+    out = cyattn.scaled_dot_product_attention(q, k, v, scale=1.0)
+    assert out.dtype == np.float64
+    assert_close(out, oracle_sdpa(np.array(q), np.array(k), np.array(v), scale=1.0)[0],
+                 np.float64)
+    out = np.zeros((1, 1))
+    cyattn.matmul_accumulate([[1.0, 2.0]], [[3.0], [4.0]], out)
+    assert out[0, 0] == 11.0
+
+
+# ------------------------------------------------------------------------------------------
+# NaN / inf semantics
+# ------------------------------------------------------------------------------------------
+
+@softmax_fns
+@all_dtypes
+def test_softmax_nan_inf(variant, dtype, log):
+    x = np.array([[1.0, np.nan, 2.0],       # NaN permitted -> NaN row
+                  [1.0, np.inf, 2.0],       # +inf -> NaN row
+                  [-np.inf, -np.inf, -np.inf],  # all -inf -> zeros / -inf
+                  [0.0, -np.inf, 1.0],      # -inf entry -> weight 0
+                  [np.inf, np.inf, 0.0],
+                  [np.nan, -np.inf, -np.inf]], dtype)
+    got = call_checked(_sm(log), x)
+    assert np.isnan(got[[0, 1, 4, 5]]).all()
+    np.testing.assert_array_equal(got[2], np.full(3, -np.inf if log else 0.0, dtype))
+    assert got[3, 1] == (-np.inf if log else 0.0)
+    assert_close(got, oracle_softmax(x, log=log), dtype)
+    # the same NaN/inf entries masked out by a bool mask do not leak
+    keep = np.array([True, False, True])
+    got = call_checked(_sm(log), x[:2], mask=keep)
+    assert np.isfinite(got[:, [0, 2]]).all()
+    assert_close(got, oracle_softmax(x[:2], mask=keep, log=log), dtype)
+
+
+@native_dtypes
+def test_softmax_subnormal_results(variant, dtype):
+    got = cyattn.softmax(np.array([0.0, -100.0], dtype))
+    tiny = np.exp(np.float64(-100.0))
+    assert got[1] > 0
+    if dtype == np.float32:
+        assert got[1] < np.finfo(np.float32).tiny          # a float32 subnormal
+        assert abs(float(got[1]) - tiny) <= 2 * 2.0 ** -149
+    got = cyattn.softmax(np.array([0.0, -740.0]))
+    assert got[1] > 0 and got[1] < np.finfo(np.float64).tiny
+    assert abs(got[1] - math.exp(-740.0)) <= 2 * 2.0 ** -1074
+
+
+@native_dtypes
+def test_sdpa_nan_inf(variant, dtype):
+    rng = np.random.default_rng(28)
+    L, S, E, Ev = 5, 6, 4, 3
+    q, k, v = (rng.standard_normal(s).astype(dtype) for s in ((L, E), (S, E), (S, Ev)))
+    keep = np.ones((L, S), bool)
+    keep[:, 2] = False
+    # NaN / inf in a masked key and value do not leak
+    for bad in (np.nan, np.inf, -np.inf):
+        kb, vb = k.copy(), v.copy()
+        kb[2, 1] = bad
+        vb[2, 0] = bad
+        out, lse = sdpa(q, kb, vb, keep, return_lse=True)
+        assert np.isfinite(out).all() and np.isfinite(lse).all()
+        ref_out, ref_lse = oracle_sdpa(q, kb, vb, keep)
+        assert_close(out, ref_out, dtype, k=10)
+        assert_close(lse, ref_lse, dtype, k=10)
+    # NaN in a value a causal mask removes does not leak
+    vb = v.copy()
+    vb[S - 1] = np.nan
+    out = sdpa(q, k, vb, is_causal=True)
+    assert np.isfinite(out).all()
+    assert_close(out, oracle_sdpa(q, k, vb, None, True)[0], dtype, k=10)
+    # NaN in a value whose weight underflows to exactly 0 is not read (oracle: w == 0 skipped)
+    qq = np.zeros((1, 1), dtype)
+    qq[0, 0] = 1
+    kk = np.array([[0.0], [-1e4]], dtype)
+    vv = np.array([[1.0], [np.nan]], dtype)
+    out = sdpa(qq, kk, vv, scale=1.0)
+    np.testing.assert_array_equal(out, [[1.0]])
+    # NaN in a permitted key -> that row NaN; NaN in a permitted value -> NaN output
+    kb = k.copy()
+    kb[0, 0] = np.nan
+    out, lse = sdpa(q, kb, v, is_causal=True, return_lse=True)
+    assert np.isnan(out).all() and np.isnan(lse).all()       # key 0 is seen by every row
+    assert_close(out, oracle_sdpa(q, kb, v, None, True)[0], dtype, k=10)
+    qb = q.copy()
+    qb[3, 0] = np.nan
+    out, lse = sdpa(qb, k, v, return_lse=True)
+    assert np.isnan(out[3]).all() and np.isnan(lse[3]) and np.isfinite(np.delete(out, 3, 0)).all()
+    # +inf score -> NaN row (float mask +inf at a permitted position)
+    add = np.zeros((L, S), dtype)
+    add[1, 4] = np.inf
+    out, lse = sdpa(q, k, v, add, return_lse=True)
+    assert np.isnan(out[1]).all() and np.isnan(lse[1])
+    assert np.isfinite(np.delete(out, 1, 0)).all()
+    assert_close(out, oracle_sdpa(q, k, v, add)[0], dtype, k=10)
+    # all -inf float-mask row -> zeros, lse -inf
+    add = np.zeros((L, S), dtype)
+    add[2] = -np.inf
+    out, lse = sdpa(q, k, v, add, return_lse=True)
+    np.testing.assert_array_equal(out[2], 0)
+    assert lse[2] == -np.inf
+    # inf in a permitted value -> inf/NaN as the oracle says
+    vb = v.copy()
+    vb[1, 1] = np.inf
+    out = sdpa(q, k, vb)
+    assert_close(out, oracle_sdpa(q, k, vb)[0], dtype, k=10)
+
+
+# ------------------------------------------------------------------------------------------
+# exp accuracy (the kernels' exp_values)
+# ------------------------------------------------------------------------------------------
+
+def _ulp_error(got, ref, dtype):
+    """|got - ref| in units of the last place of ``ref`` (in ``dtype``; float64 ``ref``)."""
+    got = got.astype(np.float64)
+    mant_bits, min_exp = (24, -149) if dtype == np.float32 else (53, -1074)
+    _, e = np.frexp(ref)
+    ulp = np.ldexp(1.0, np.maximum(e.astype(np.int64) - mant_bits, min_exp))
+    with np.errstate(invalid="ignore"):
+        return np.abs(got - ref) / ulp
+
+
+def _exp_ref(xs):
+    """math.exp of every entry (inf where it overflows)."""
+    out = []
+    for v in xs.tolist():
+        try:
+            out.append(math.exp(v))
+        except OverflowError:
+            out.append(math.inf)
+    return np.array(out)
+
+
+def _check_exp32(kern, xs):
+    got = np.empty_like(xs)
+    kern.exp_values(xs, got)
+    ref = np.exp(xs.astype(np.float64))   # correctly rounded to << 1 float32 ulp
+    with np.errstate(over="ignore"):
+        ref32 = ref.astype(np.float32)
+    over = np.isinf(ref32)
+    assert np.isinf(got[over]).all() and (got[over] > 0).all()
+    err = _ulp_error(got[~over], ref[~over], np.float32)
+    worst = int(np.argmax(err)) if err.size else 0
+    assert err.size == 0 or err[worst] <= 2.0, (xs[~over][worst], got[~over][worst],
+                                                ref[~over][worst], err[worst])
+    return got
+
+
+def _f32_range(lo_bits, hi_bits, step):
+    return np.arange(lo_bits, hi_bits, step, dtype=np.uint32).view(np.float32)
+
+
+POS_MAX = int(np.float32(89.0).view(np.uint32))
+NEG_MIN = int(np.float32(-104.0).view(np.uint32))
+
+
+def test_exp_float32_sweep(variant):
+    kern = _backend.kernels
+    # every 127th float32 in [0, 89] and [-104, -0] (all exponents), against math.exp
+    xs = np.concatenate([_f32_range(0, POS_MAX + 1, 127), _f32_range(0x80000000, NEG_MIN + 1, 127)])
+    got = np.empty_like(xs)
+    kern.exp_values(xs, got)
+    sample = xs[::23]
+    ref = _exp_ref(sample.astype(np.float64))
+    with np.errstate(over="ignore"):
+        over = np.isinf(ref.astype(np.float32))
+    err = _ulp_error(got[::23][~over], ref[~over], np.float32)
+    assert err.max() <= 2.0
+    _check_exp32(kern, xs)
+    # dense: every float32 in the subnormal-result zone, near overflow and around 0
+    _check_exp32(kern, np.concatenate([
+        _f32_range(int(np.float32(-87.5).view(np.uint32)), NEG_MIN + 1, 1),
+        _f32_range(int(np.float32(88.0).view(np.uint32)), POS_MAX + 1, 1),
+        _f32_range(int(np.float32(0.5).view(np.uint32)), int(np.float32(1.5).view(np.uint32)), 3),
+        _f32_range(0x80000000 | int(np.float32(0.5).view(np.uint32)),
+                   0x80000000 | int(np.float32(1.5).view(np.uint32)), 3),
+    ]))
+
+
+@pytest.mark.slow
+def test_exp_float32_every_value(variant):
+    """Every float32 in [-104, 89] (the rest clamps to 0 / inf): ~2.1e9 values, minutes."""
+    kern = _backend.kernels
+    for lo, hi in ((0, POS_MAX + 1), (0x80000000, NEG_MIN + 1)):
+        for start in range(lo, hi, 1 << 24):
+            _check_exp32(kern, _f32_range(start, min(hi, start + (1 << 24)), 1))
+
+
+def test_exp_float64_sweep(variant):
+    kern = _backend.kernels
+    rng = np.random.default_rng(29)
+    xs = np.concatenate([np.linspace(-746.0, 709.7, 400_001), rng.uniform(-746, 710, 200_000),
+                         rng.uniform(-1, 1, 50_000), np.linspace(-745.2, -707.0, 50_001),
+                         np.linspace(709.0, 709.782712893384, 10_001),
+                         rng.standard_normal(50_000) * 1e-6])
+    got = np.empty_like(xs)
+    kern.exp_values(xs, got)
+    ref = _exp_ref(xs)
+    over = np.isinf(ref)
+    assert np.isinf(got[over]).all()
+    err = _ulp_error(got[~over], ref[~over], np.float64)
+    worst = int(np.argmax(err))
+    assert err[worst] <= 2.0, (xs[~over][worst], got[~over][worst], ref[~over][worst])
+    # subnormal results are kept
+    sub = (ref > 0) & (ref < np.finfo(np.float64).tiny)
+    assert sub.sum() > 1000 and (got[sub] > 0).all()
+
+
+@pytest.mark.parametrize("dtype", NATIVE, ids=NATIVE_IDS)
+def test_exp_special_values(variant, dtype):
+    kern = _backend.kernels
+    big = 1e30 if dtype == np.float32 else 1e300
+    xs = np.array([-np.inf, np.inf, np.nan, -big, big, 0.0, -0.0, -100.0], dtype)
+    got = np.empty_like(xs)
+    kern.exp_values(xs, got)
+    assert got[0] == 0 and not np.signbit(got[0])
+    assert got[1] == np.inf and np.isnan(got[2]) and got[3] == 0 and got[4] == np.inf
+    assert got[5] == 1 and got[6] == 1
+    assert 0 < got[7] and abs(float(got[7]) - math.exp(-100.0)) <= 2 * np.spacing(
+        dtype(math.exp(-100.0)))
+    if dtype == np.float32:
+        assert got[7] < np.finfo(np.float32).tiny
+        got = np.empty(1, dtype)
+        kern.exp_values(np.array([-103.9], dtype), got)
+        assert got[0] > 0            # the smallest subnormals survive
+    else:
+        got = np.empty(2, dtype)
+        kern.exp_values(np.array([-745.0, -744.0], dtype), got)
+        assert (got > 0).all()                        # the smallest subnormals survive
+        assert (np.abs(got - [math.exp(-745.0), math.exp(-744.0)]) <= 2 * 5e-324).all()
+
+
+# ------------------------------------------------------------------------------------------
+# Values we got wrong once (found by this suite, fixed since; each stays as a test)
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,big", [(np.float64, 1e308), (np.float32, 2e38)],
+                         ids=["f64", "f32"])
+def test_sdpa_output_of_huge_finite_values_stays_finite(variant, dtype, big):
+    q = np.zeros((1, 1), dtype)
+    k = np.zeros((2, 1), dtype)
+    v = np.full((2, 1), big, dtype)
+    ref, _ = oracle_sdpa(q, k, v)                     # weights 0.5, 0.5 -> big
+    out = sdpa(q, k, v)
+    assert np.isfinite(out).all()
+    assert_close(out, ref, dtype)
+
+
+def test_sdpa_value_with_exactly_zero_weight_is_not_read(variant):
+    q = np.ones((1, 1))
+    k = np.array([[0.0], [0.0], [-744.44]])         # exp(-744.44) = 5e-324; / 2 -> 0.0
+    v = np.array([[1.0], [3.0], [np.nan]])
+    weights = cyattn.softmax(k[:, 0])
+    assert weights[2] == 0.0                          # the key's weight is exactly 0
+    ref, _ = oracle_sdpa(q, k, v, scale=1.0)
+    np.testing.assert_array_equal(ref, [[2.0]])
+    np.testing.assert_array_equal(sdpa(q, k, v, scale=1.0), ref)
+
+
+@pytest.mark.parametrize("fn", ["sdpa", "softmax", "log_softmax"])
+def test_float_mask_cast_to_compute_dtype_without_warning(variant, fn):
+    x = np.ones((2, 3), np.float32)
+    mask = np.array([[0.0, -1e300, 0.0], [-1e300, -1e300, -1e300]])
+    log = fn == "log_softmax"
+    # documented: the mask is cast to float32 saturating at finfo.min, so -1e300 stays finite
+    # and row 1 is the plain mean (as the oracle computes it in float64), not fully masked
+    kv = np.arange(9, dtype=np.float32).reshape(3, 3)
+    if fn == "sdpa":
+        expected = oracle_sdpa(x, kv, kv, mask)[0]
+    else:
+        expected = oracle_softmax(x, mask=mask, log=log)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        if fn == "sdpa":
+            out = cyattn.scaled_dot_product_attention(x, kv, kv, mask)
+        else:
+            out = _sm(log)(x, mask=mask)
+    assert out.dtype == np.float32
+    assert_close(out, expected, np.float32)
+
+
+@pytest.mark.parametrize("alpha", [np.inf, np.nan])
+def test_matmul_k_zero_with_nonfinite_alpha(variant, alpha):
+    a, b = np.zeros((2, 0)), np.zeros((0, 3))
+    out = np.ones((2, 3))
+    expected = oracle_matmul(a, b, out, alpha)
+    with np.errstate(invalid="ignore"):
+        assert np.isnan(numpy_matmul(a, b, out, alpha)).all()
+    assert np.isnan(expected).all()
+    cyattn.matmul_accumulate(a, b, out, alpha=alpha)
+    np.testing.assert_array_equal(out, expected)
