@@ -25,9 +25,9 @@
 #   bit-identical for any number of threads.
 # * attention (this version): per (batch*head, query block of QB rows) task, scores = scale Q K^T
 #   for the query block into a per-thread buffer (keys past the causal limit of the block are
-#   never computed), masks applied in place, row softmax, then out = P V. A key whose weight is
-#   exactly zero is never read into the output when V holds non-finite values (checked per
-#   task).
+#   never computed), masks applied in place, row softmax, then out = P V. K^T and V are packed
+#   once per (batch, head) and thread and reused by its consecutive query blocks. A key whose
+#   weight is exactly zero is never read into the output when V holds non-finite values.
 # * threads: OpenMP prange over independent tasks only (rows, output tiles, attention tasks),
 #   static schedule, per-thread scratch allocated once per call inside the parallel block.
 #   No reduction is ever split across threads. No global mutable state.
@@ -514,6 +514,54 @@ cdef void gemm_block(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
         jc += NC
 
 
+cdef void gemm_packed(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
+                      const floating* pa, Py_ssize_t a_depth,
+                      const floating* pb, Py_ssize_t b_depth,
+                      floating* c, Py_ssize_t rsc, Py_ssize_t csc, bint overwrite) noexcept nogil:
+    """C[M, N] (+)= alpha * A[M, K] @ B[K, N] from operands packed over their whole depth.
+
+    ``pa`` holds A as mr-row panels ``pack_a(M, a_depth, ...)`` and ``pb`` holds B as nr-column
+    panels ``pack_b(b_depth, N, ...)``; only the first K of each depth is used, so a packed K^T
+    or V serves every query block, whatever prefix of the keys it sees. Per element the sum
+    runs over K in KC blocks in order, exactly as in gemm_block.
+    """
+    cdef Py_ssize_t pc, jr, ir, kc, i, j
+    cdef bint first
+    cdef Py_ssize_t mr = MR if floating is float else MRD
+    cdef Py_ssize_t nr = NR if floating is float else NRD
+    if M <= 0 or N <= 0:
+        return
+    if K <= 0:
+        if overwrite:
+            for i in range(M):
+                for j in range(N):
+                    c[i * rsc + j * csc] = 0
+        return
+    pc = 0
+    while pc < K:
+        kc = K - pc if K - pc < KC else KC
+        first = overwrite and pc == 0
+        jr = 0
+        while jr < N:
+            ir = 0
+            while ir < M:
+                if floating is float:
+                    micro_kernel_f32(kc, pa + (ir // mr) * a_depth * mr + pc * mr,
+                                     pb + (jr // nr) * b_depth * nr + pc * nr,
+                                     c + ir * rsc + jr * csc, rsc, csc,
+                                     M - ir if M - ir < mr else mr,
+                                     N - jr if N - jr < nr else nr, alpha, first)
+                else:
+                    micro_kernel_f64(kc, pa + (ir // mr) * a_depth * mr + pc * mr,
+                                     pb + (jr // nr) * b_depth * nr + pc * nr,
+                                     c + ir * rsc + jr * csc, rsc, csc,
+                                     M - ir if M - ir < mr else mr,
+                                     N - jr if N - jr < nr else nr, alpha, first)
+                ir += mr
+            jr += nr
+        pc += KC
+
+
 cdef inline Py_ssize_t round_up(Py_ssize_t x, Py_ssize_t m) noexcept nogil:
     return ((x + m - 1) // m) * m
 
@@ -585,24 +633,26 @@ cdef bint has_nonfinite(const floating* v, Py_ssize_t rows, Py_ssize_t cols,
 
 
 cdef void attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
-                         const floating* k, Py_ssize_t k_rs, Py_ssize_t k_cs,
-                         const floating* v, Py_ssize_t v_rs, Py_ssize_t v_cs,
+                         const floating* kt_packed, const floating* v_packed,
                          const uint8_t* bmask, const floating* amask,
                          Py_ssize_t m_rs, Py_ssize_t m_cs,
                          floating* out, floating* lse,
-                         Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t L, Py_ssize_t S,
+                         Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t S,
                          Py_ssize_t E, Py_ssize_t Ev, floating scale,
                          bint causal, Py_ssize_t causal_off,
+                         const floating* v, Py_ssize_t v_rs, Py_ssize_t v_cs, bint v_nonfinite,
                          floating* scores, Py_ssize_t ld_scores,
-                         floating* buf_a, floating* buf_b) noexcept nogil:
+                         floating* q_packed, floating* p_packed) noexcept nogil:
     """Rows i0 .. i0+rows of one (batch, head): out rows (stride Ev) and their lse.
 
-    Scores for the block go to ``scores``; each row is masked and turned into its softmax
+    ``kt_packed`` and ``v_packed`` hold K^T and V of this (batch, head) packed once over all S
+    keys. Scores for the block go to ``scores``; each row is masked and turned into its softmax
     weights, then multiplied by V. The weights are normalised before the product (not after,
     as flash-attention does) so that a weighted sum of huge finite values cannot overflow and a
     weight that rounds to exactly 0 skips its value.
     """
     cdef Py_ssize_t s_lim = S, lim, r, i, j, e
+    cdef Py_ssize_t mr = MR if floating is float else MRD
     cdef floating* row
     cdef floating* o_row
     cdef floating m, total, w
@@ -611,8 +661,9 @@ cdef void attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
         s_lim = i0 + rows + causal_off          # one past the last key any row here may see
         s_lim = S if s_lim > S else (0 if s_lim < 0 else s_lim)
     if s_lim > 0:
-        gemm_block(rows, s_lim, E, scale, q + i0 * q_rs, q_rs, q_cs, k, k_cs, k_rs,
-                   scores, ld_scores, 1, True, buf_a, buf_b)
+        pack_a(rows, E, q + i0 * q_rs, q_rs, q_cs, q_packed, mr)
+        gemm_packed(rows, s_lim, E, scale, q_packed, E, kt_packed, E,
+                    scores, ld_scores, 1, True)
     for r in range(rows):
         i = i0 + r
         row = scores + r * ld_scores
@@ -644,23 +695,23 @@ cdef void attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
             for e in range(Ev):
                 out[r * Ev + e] = 0
         return
-    if not has_nonfinite(v, s_lim, Ev, v_rs, v_cs):
-        gemm_block(rows, Ev, s_lim, 1, scores, ld_scores, 1, v, v_rs, v_cs,
-                   out, Ev, 1, True, buf_a, buf_b)
-    else:
-        # V holds inf/NaN somewhere: sum only keys with a nonzero weight, so masked
-        # (zero-weight) positions are never read into the output.
-        for r in range(rows):
-            row = scores + r * ld_scores
-            o_row = out + r * Ev
-            for e in range(Ev):
-                o_row[e] = 0
-            for j in range(s_lim):
-                w = row[j]
-                if w != 0:
-                    v_row = v + j * v_rs
-                    for e in range(Ev):
-                        o_row[e] += w * v_row[e * v_cs]
+    if not v_nonfinite:
+        pack_a(rows, s_lim, scores, ld_scores, 1, p_packed, mr)
+        gemm_packed(rows, Ev, s_lim, 1, p_packed, s_lim, v_packed, S, out, Ev, 1, True)
+        return
+    # V holds inf/NaN somewhere: sum only keys with a nonzero weight, so masked (zero-weight)
+    # positions are never read into the output.
+    for r in range(rows):
+        row = scores + r * ld_scores
+        o_row = out + r * Ev
+        for e in range(Ev):
+            o_row[e] = 0
+        for j in range(s_lim):
+            w = row[j]
+            if w != 0:
+                v_row = v + j * v_rs
+                for e in range(Ev):
+                    o_row[e] += w * v_row[e * v_cs]
 
 
 cdef void attention_impl(const floating* q, const int64_t* q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
@@ -672,34 +723,56 @@ cdef void attention_impl(const floating* q, const int64_t* q_off, Py_ssize_t q_r
                          Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E, Py_ssize_t Ev,
                          floating scale, bint causal, Py_ssize_t causal_off,
                          int n_threads, int* status) noexcept nogil:
+    """Tasks (batch entry, query block of QB rows) in parallel, static schedule.
+
+    Each thread packs K^T and V of the (batch, head) it works on once and reuses them for
+    consecutive tasks of the same keys (the static schedule hands a thread a contiguous run of
+    tasks, and GQA heads sharing keys are adjacent), so the packing cost is paid per head, not
+    per query block. Scratch per thread: scores QB x S, packed P QB x S, packed K^T S x E and V
+    S x Ev, all allocated once per call.
+    """
     cdef Py_ssize_t qblocks = (L + QB - 1) // QB
     cdef Py_ssize_t ntasks = batch * qblocks
     cdef Py_ssize_t t, bi, qb, i0, rows, mo
-    cdef Py_ssize_t ld_scores = round_up(S if S > 0 else 1, 16)
-    cdef Py_ssize_t kdim = E if E > S else S
-    cdef Py_ssize_t kc_max = kdim if kdim < KC else KC
-    cdef Py_ssize_t ndim_b = S if S > Ev else Ev
+    cdef Py_ssize_t nr = NR if floating is float else NRD
+    cdef Py_ssize_t mr = MR if floating is float else MRD
+    cdef Py_ssize_t s1 = S if S > 0 else 1
+    cdef Py_ssize_t ld_scores = round_up(s1, 16)
+    cdef Py_ssize_t qrows = round_up(QB, mr)
     cdef size_t bytes_s = <size_t>(QB * ld_scores) * sizeof(floating)
-    cdef size_t bytes_a = <size_t>(MC * (kc_max if kc_max > 0 else 1)) * sizeof(floating)
-    cdef size_t bytes_b = <size_t>(round_up(ndim_b if ndim_b < NC else NC, NR)
-                                   * (kc_max if kc_max > 0 else 1)) * sizeof(floating)
+    cdef size_t bytes_p = <size_t>(qrows * s1) * sizeof(floating)
+    cdef size_t bytes_q = <size_t>(qrows * (E if E > 0 else 1)) * sizeof(floating)
+    cdef size_t bytes_kt = <size_t>(round_up(s1, nr) * (E if E > 0 else 1)) * sizeof(floating)
+    cdef size_t bytes_v = <size_t>(s1 * round_up(Ev if Ev > 0 else 1, nr)) * sizeof(floating)
     cdef void* raw
     cdef floating* scores
-    cdef floating* buf_a
-    cdef floating* buf_b
+    cdef floating* p_packed
+    cdef floating* q_packed
+    cdef floating* kt_packed
+    cdef floating* v_packed
+    cdef int64_t* cache         # per thread: k offset, v offset, V non-finite (written in prange)
     if ntasks <= 0:
         return
     with parallel(num_threads=n_threads):
         scores = NULL
-        buf_a = NULL
-        buf_b = NULL
-        raw = malloc(bytes_s + bytes_a + bytes_b + 3 * ALIGN)
+        p_packed = NULL
+        q_packed = NULL
+        kt_packed = NULL
+        v_packed = NULL
+        cache = NULL
+        raw = malloc(bytes_s + bytes_p + bytes_q + bytes_kt + bytes_v + 6 * ALIGN)
         if raw == NULL:
             status[0] = 1
         else:
-            scores = <floating*>align_ptr(raw)
-            buf_a = <floating*>align_ptr(<char*>scores + bytes_s)
-            buf_b = <floating*>align_ptr(<char*>buf_a + bytes_a)
+            cache = <int64_t*>align_ptr(raw)
+            cache[0] = -1
+            cache[1] = -1
+            cache[2] = 0
+            scores = <floating*>align_ptr(<char*>cache + 3 * sizeof(int64_t))
+            p_packed = <floating*>align_ptr(<char*>scores + bytes_s)
+            q_packed = <floating*>align_ptr(<char*>p_packed + bytes_p)
+            kt_packed = <floating*>align_ptr(<char*>q_packed + bytes_q)
+            v_packed = <floating*>align_ptr(<char*>kt_packed + bytes_kt)
         for t in prange(ntasks, schedule='static'):
             if raw != NULL:
                 bi = t // qblocks
@@ -707,15 +780,21 @@ cdef void attention_impl(const floating* q, const int64_t* q_off, Py_ssize_t q_r
                 i0 = qb * QB
                 rows = L - i0 if L - i0 < QB else QB
                 mo = m_off[bi] if m_off != NULL else 0
-                attention_task(q + q_off[bi], q_rs, q_cs,
-                               k + k_off[bi], k_rs, k_cs,
-                               v + v_off[bi], v_rs, v_cs,
+                if S > 0 and (k_off[bi] != cache[0] or v_off[bi] != cache[1]):
+                    # K^T: (E x S) with unit stride along E when K is row-major
+                    pack_b(E, S, k + k_off[bi], k_cs, k_rs, kt_packed, nr)
+                    pack_b(S, Ev, v + v_off[bi], v_rs, v_cs, v_packed, nr)
+                    cache[0] = k_off[bi]
+                    cache[1] = v_off[bi]
+                    cache[2] = has_nonfinite(v + v_off[bi], S, Ev, v_rs, v_cs)
+                attention_task(q + q_off[bi], q_rs, q_cs, kt_packed, v_packed,
                                bmask + mo if bmask != NULL else NULL,
                                amask + mo if amask != NULL else NULL,
                                m_rs, m_cs,
                                out + (bi * L + i0) * Ev, lse + bi * L + i0,
-                               i0, rows, L, S, E, Ev, scale, causal, causal_off,
-                               scores, ld_scores, buf_a, buf_b)
+                               i0, rows, S, E, Ev, scale, causal, causal_off,
+                               v + v_off[bi], v_rs, v_cs, cache[2] != 0,
+                               scores, ld_scores, q_packed, p_packed)
         free(raw)
 
 
