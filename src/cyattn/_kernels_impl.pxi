@@ -622,12 +622,19 @@ cdef void matmul_tasks_impl(const floating* a, const int64_t* a_off, Py_ssize_t 
 
 cdef bint has_nonfinite(const floating* v, Py_ssize_t rows, Py_ssize_t cols,
                         Py_ssize_t rs, Py_ssize_t cs) noexcept nogil:
+    """True if v[:rows, :cols] holds an inf or NaN (x - x is then NaN, else 0)."""
     cdef Py_ssize_t i, j
-    cdef floating acc = 0
+    cdef int bad = 0
+    cdef const floating* v_row
     for i in range(rows):
-        for j in range(cols):
-            acc += v[i * rs + j * cs] * 0    # NaN iff some element is NaN or +-inf
-        if acc != acc:
+        v_row = v + i * rs
+        if cs == 1:                 # unit stride: an integer OR reduction gcc vectorises
+            for j in range(cols):
+                bad |= (v_row[j] - v_row[j]) != 0
+        else:
+            for j in range(cols):
+                bad |= (v_row[j * cs] - v_row[j * cs]) != 0
+        if bad:
             return True
     return False
 
