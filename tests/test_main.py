@@ -71,6 +71,8 @@ def test_default_command_quick(tmp_path):
     assert "warning" not in out
 
 
+@pytest.mark.skipif("avx2" not in cyattn._backend.cpu_features(),
+                    reason="sets OPENBLAS_CORETYPE=Haswell, which runs AVX2 code in NumPy")
 def test_bench_reexecs_without_openblas_overrides(tmp_path):
     env = _env()
     env["OPENBLAS_CORETYPE"] = "Haswell"

@@ -1,10 +1,10 @@
 """Type stubs for a compiled kernel variant (the same API in every variant module)."""
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-VARIANT: str
+VARIANT: Literal["avx2"]
 
 def cpu_features() -> int: ...
 def openmp_enabled() -> bool: ...

@@ -1,0 +1,238 @@
+"""The build: which kernel variants it holds, which one is loaded, and how it is forced.
+
+* An x86-64 build must hold the AVX2+FMA variant as well as the baseline; other builds only
+  the baseline.
+* The loaded variant is the best one this CPU runs, unless ``CYATTN_BACKEND`` names one;
+  forcing is checked in fresh interpreters (the choice is made once, at import), including
+  that forcing the baseline never imports the AVX2 module, and that an unknown, unbuilt or
+  unrunnable variant is an ImportError that says why.
+* Free-threaded CPython: importing cyattn and every variant keeps the GIL disabled (the
+  kernels are compiled with Cython's ``freethreading_compatible`` directive).
+* Wheels: ``CYATTN_EXPECT_OPENMP`` (0/1) and ``CYATTN_EXPECT_VENDORED`` (a library name prefix,
+  e.g. ``libgomp`` or ``vcomp140``), set by cibuildwheel's test-environment and
+  tools/wheel_check.sh, state what the wheel under test must have; unset, those tests skip.
+
+The per-variant run of the kernel tests is the ``variant`` fixture in conftest.py.
+"""
+import importlib.util
+import os
+import platform
+import re
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+import cyattn
+from cyattn import _backend
+
+KNOWN = ("baseline", "avx2")
+IS_X86_64 = (platform.machine().lower() in ("x86_64", "amd64", "x64")
+             and sys.maxsize > 2 ** 32)
+
+
+def _built(name):
+    return importlib.util.find_spec(f"cyattn._kernels_{name}") is not None
+
+
+def _child_env(backend=None):
+    """Environment for a child interpreter that imports the same cyattn as this process."""
+    env = dict(os.environ)
+    env.pop("CYATTN_BACKEND", None)
+    if backend is not None:
+        env["CYATTN_BACKEND"] = backend
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(cyattn.__file__)))
+    site = {os.path.abspath(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")}
+    if parent not in site:  # a source tree on sys.path: hand it to the child too
+        env["PYTHONPATH"] = os.pathsep.join(
+            [parent] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+# Prints the loaded variant and the variant modules imported, one per line.
+_PROBE = """
+import sys
+import cyattn
+print(cyattn.config()["variant"])
+print(",".join(sorted(m for m in sys.modules if m.startswith("cyattn._kernels_"))))
+"""
+
+
+def _run(code, tmp_path, backend=None, extra_args=()):
+    return subprocess.run([sys.executable, *extra_args, "-c", code], cwd=tmp_path,
+                          env=_child_env(backend), capture_output=True, text=True, timeout=120)
+
+
+# ------------------------------------------------------------------------------------------
+# What the build holds
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not IS_X86_64, reason="x86-64 only")
+def test_x86_64_build_has_avx2_variant():
+    assert _built("baseline")
+    assert _built("avx2"), (
+        "this x86-64 build of cyattn has no AVX2 kernel variant (cyattn._kernels_avx2): "
+        "setup.py did not see an x86-64 target (check _PYTHON_HOST_PLATFORM / ARCHFLAGS)")
+    base = importlib.util.find_spec("cyattn._kernels_baseline").origin
+    avx2 = importlib.util.find_spec("cyattn._kernels_avx2").origin
+    assert os.path.dirname(avx2) == os.path.dirname(base)
+
+
+@pytest.mark.skipif(IS_X86_64, reason="non-x86-64 only")
+def test_other_builds_hold_only_the_baseline():
+    assert _built("baseline")
+    assert not _built("avx2")
+
+
+def test_variant_modules_are_what_they_say():
+    for name in _backend.available_variants():
+        module = _backend.load_variant(name)
+        assert module.__name__ == f"cyattn._kernels_{name}"
+        assert module.VARIANT == name
+    # Every variant is compiled with the same OpenMP setting.
+    assert len({_backend.load_variant(n).openmp_enabled()
+                for n in _backend.available_variants()}) == 1
+
+
+# ------------------------------------------------------------------------------------------
+# Which variant is loaded
+# ------------------------------------------------------------------------------------------
+
+def test_available_variants_match_cpu_features():
+    feats = set(_backend.cpu_features())
+    avail = _backend.available_variants()
+    assert avail[0] == "baseline"
+    can_avx2 = {"avx", "avx2", "fma", "os_ymm"} <= feats
+    assert ("avx2" in avail) == (_built("avx2") and can_avx2)
+    if IS_X86_64:
+        assert "sse2" in feats
+    if platform.machine().lower() in ("arm64", "aarch64"):
+        assert "neon" in feats
+
+
+def test_loaded_variant():
+    forced = os.environ.get("CYATTN_BACKEND", "").strip().lower()
+    expected = forced or _backend.available_variants()[-1]
+    assert _backend.variant == expected
+    assert _backend.kernels is sys.modules[f"cyattn._kernels_{expected}"]
+    assert _backend.kernels.VARIANT == expected
+    assert cyattn.config()["variant"] == expected
+
+
+def test_default_is_best_available(tmp_path):
+    proc = _run(_PROBE, tmp_path, backend=None)
+    assert proc.returncode == 0, proc.stderr
+    variant, modules = proc.stdout.split()
+    best = _backend.available_variants()[-1]
+    assert variant == best
+    assert modules == ",".join(sorted({"cyattn._kernels_baseline", f"cyattn._kernels_{best}"}))
+
+
+def test_empty_backend_means_default(tmp_path):
+    proc = _run(_PROBE, tmp_path, backend="")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[0] == _backend.available_variants()[-1]
+
+
+@pytest.mark.parametrize("name", _backend.available_variants())
+def test_forcing_a_variant(tmp_path, name):
+    proc = _run(_PROBE, tmp_path, backend=name)
+    assert proc.returncode == 0, proc.stderr
+    variant, modules = proc.stdout.split()
+    assert variant == name
+    # Forcing the baseline never imports another variant's module.
+    assert modules == ",".join(sorted({"cyattn._kernels_baseline", f"cyattn._kernels_{name}"}))
+
+
+def test_forced_variant_shown_by_info(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "cyattn", "info"], cwd=tmp_path,
+                          env=_child_env("baseline"), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^variant:\s+baseline \(forced by CYATTN_BACKEND=baseline\)$",
+                     proc.stdout, re.M), proc.stdout
+
+
+@pytest.mark.parametrize("name", ["avx512", "native", "AVX-2", "none"])
+def test_forcing_an_unknown_variant_is_an_import_error(tmp_path, name):
+    proc = _run("import cyattn", tmp_path, backend=name)
+    assert proc.returncode != 0
+    message = (f"ImportError: cyattn: unknown kernel variant {name.lower()!r}; "
+               "expected 'baseline' or 'avx2'")
+    assert message in proc.stderr, proc.stderr
+
+
+def test_load_variant_unknown_name():
+    with pytest.raises(ImportError, match=r"unknown kernel variant 'sse9'; expected 'baseline' "
+                                          r"or 'avx2'"):
+        _backend.load_variant("sse9")
+
+
+@pytest.mark.skipif("avx2" in _backend.available_variants(),
+                    reason="this build and CPU run the avx2 variant")
+def test_forcing_an_unrunnable_variant_is_an_import_error(tmp_path):
+    if _built("avx2"):
+        why = "cyattn: this CPU cannot run the 'avx2' kernel variant"
+    else:
+        why = "cyattn: the 'avx2' kernel variant is not built into this install"
+    with pytest.raises(ImportError, match=re.escape(why)):
+        _backend.load_variant("avx2")
+    proc = _run("import cyattn", tmp_path, backend="avx2")
+    assert proc.returncode != 0
+    assert f"ImportError: {why}" in proc.stderr, proc.stderr
+
+
+# ------------------------------------------------------------------------------------------
+# Free-threaded CPython
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not sysconfig.get_config_var("Py_GIL_DISABLED"),
+                    reason="needs a free-threaded CPython build")
+def test_free_threaded_gil_stays_disabled(tmp_path):
+    code = ("import sys, warnings\n"
+            "warnings.simplefilter('error')\n"   # 'the GIL has been enabled' is a RuntimeWarning
+            "import cyattn\n"
+            "from cyattn import _backend\n"
+            "for name in _backend.available_variants():\n"
+            "    _backend.load_variant(name)\n"
+            "print(sys._is_gil_enabled())\n")
+    env = _child_env()
+    env.pop("PYTHON_GIL", None)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False", proc.stdout + proc.stderr
+
+
+# ------------------------------------------------------------------------------------------
+# Wheels: OpenMP and its vendored runtime
+# ------------------------------------------------------------------------------------------
+
+def test_openmp_as_expected(tmp_path):
+    want = os.environ.get("CYATTN_EXPECT_OPENMP", "").strip()
+    if want not in ("0", "1"):
+        pytest.skip("CYATTN_EXPECT_OPENMP is not set")
+    assert cyattn.config()["openmp"] is (want == "1")
+    proc = subprocess.run([sys.executable, "-m", "cyattn", "info"], cwd=tmp_path,
+                          env=_child_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    line = "openmp:             on" if want == "1" else \
+        "openmp:             off (kernels run single-threaded)"
+    assert line in proc.stdout.splitlines(), proc.stdout
+
+
+def test_openmp_runtime_vendored():
+    want = os.environ.get("CYATTN_EXPECT_VENDORED", "").strip().lower()
+    if not want:
+        pytest.skip("CYATTN_EXPECT_VENDORED is not set")
+    libs = Path(cyattn.__file__).resolve().parent.parent / "cyattn.libs"
+    names = sorted(p.name for p in libs.iterdir()) if libs.is_dir() else []
+    assert any(n.lower().startswith(want) for n in names), (
+        f"no {want}* in {libs} (found: {names})")
+    if sys.platform.startswith("linux"):
+        # The kernels (imported above) use the vendored copy, not one from the system.
+        with open("/proc/self/maps") as fh:
+            mapped = {line.split()[-1] for line in fh if want in line.lower()}
+        assert mapped, f"{want} is not loaded"
+        assert any(str(libs) in m for m in mapped), mapped
