@@ -307,6 +307,29 @@ cdef void row_load_masked(const floating* x, floating* y, Py_ssize_t n,
                 y[j] = y[j] + amask[j * astride]
 
 
+cdef void row_mask_inplace(floating* y, Py_ssize_t n,
+                           const uint8_t* bmask, Py_ssize_t bstride,
+                           const floating* amask, Py_ssize_t astride) noexcept nogil:
+    """row_load_masked for x == y: a single pointer, so the unit-stride loops vectorise
+    without an aliasing check (which fails at run time when source and target coincide)."""
+    cdef Py_ssize_t j
+    cdef floating neg_inf = <floating>-CYATTN_INF
+    if bmask != NULL:
+        if bstride == 1:
+            for j in range(n):
+                y[j] = y[j] if bmask[j] else neg_inf
+        else:
+            for j in range(n):
+                y[j] = y[j] if bmask[j * bstride] else neg_inf
+    if amask != NULL:
+        if astride == 1:
+            for j in range(n):
+                y[j] = y[j] + amask[j]
+        else:
+            for j in range(n):
+                y[j] = y[j] + amask[j * astride]
+
+
 cdef void softmax_rows_impl(const floating* x, floating* y, Py_ssize_t rows, Py_ssize_t n,
                             const uint8_t* bmask, Py_ssize_t b_rs, Py_ssize_t b_cs,
                             const floating* amask, Py_ssize_t a_rs, Py_ssize_t a_cs,
@@ -679,9 +702,9 @@ cdef void attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
             lim = i + causal_off + 1
             lim = s_lim if lim > s_lim else (0 if lim < 0 else lim)
         if bmask != NULL or amask != NULL:
-            row_load_masked(row, row, lim,
-                            bmask + i * m_rs if bmask != NULL else NULL, m_cs,
-                            amask + i * m_rs if amask != NULL else NULL, m_cs)
+            row_mask_inplace(row, lim,
+                             bmask + i * m_rs if bmask != NULL else NULL, m_cs,
+                             amask + i * m_rs if amask != NULL else NULL, m_cs)
         m = row_max(row, lim)
         if m == -CYATTN_INF and not row_has_nan(row, lim):
             # fully masked: zero weights, zero output, lse -inf
