@@ -1,32 +1,6 @@
-"""Type stubs for a compiled kernel variant (the same API in every variant module)."""
-from typing import Any, Literal
+"""Type stubs for the AVX2+FMA kernel variant: the same API as the baseline variant."""
+from typing import Literal
 
-import numpy as np
-import numpy.typing as npt
+from ._kernels_baseline import *  # noqa: F403  (every variant module has the same functions)
 
 VARIANT: Literal["avx2"]
-
-def cpu_features() -> int: ...
-def openmp_enabled() -> bool: ...
-def omp_max_threads() -> int: ...
-def omp_num_procs() -> int: ...
-def omp_pause() -> int: ...
-def exp_values(x: np.ndarray, out: np.ndarray) -> None: ...
-def softmax_rows(
-    x: np.ndarray, out: np.ndarray, bmask: np.ndarray | None, amask: np.ndarray | None,
-    b_rs: int, b_cs: int, a_rs: int, a_cs: int, log_out: bool, n_threads: int,
-) -> None: ...
-def matmul_accumulate(
-    a: np.ndarray, a_off: npt.NDArray[np.int64], rsa: int, csa: int,
-    b: np.ndarray, b_off: npt.NDArray[np.int64], rsb: int, csb: int,
-    out: np.ndarray, c_off: npt.NDArray[np.int64], rsc: int, csc: int,
-    M: int, N: int, K: int, alpha: float, n_threads: int,
-) -> None: ...
-def attention(
-    q: np.ndarray, q_off: npt.NDArray[np.int64], q_rs: int, q_cs: int,
-    k: np.ndarray, k_off: npt.NDArray[np.int64], k_rs: int, k_cs: int,
-    v: np.ndarray, v_off: npt.NDArray[np.int64], v_rs: int, v_cs: int,
-    mask: Any, mask_kind: int, m_off: npt.NDArray[np.int64], m_rs: int, m_cs: int,
-    out: np.ndarray, lse: np.ndarray, L: int, S: int, E: int, Ev: int,
-    scale: float, causal: bool, causal_off: int, n_threads: int,
-) -> None: ...

@@ -134,6 +134,14 @@ def resolve_threads(n_threads, fname):
     return 1 if in_forked_child() else n
 
 
+def require_matrices(fname, dims, **arrays):
+    """Raise ValueError unless every array has at least 2 dimensions (``dims`` names them)."""
+    for name, arr in arrays.items():
+        if arr.ndim < 2:
+            raise ValueError(f"{fname}: {name} must have at least 2 dimensions ({dims}), got "
+                             f"shape {arr.shape}")
+
+
 def check_bool(value, name, fname):
     if isinstance(value, (bool, np.bool_)):
         return bool(value)

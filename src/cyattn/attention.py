@@ -109,10 +109,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     if causal_alignment not in _ALIGNMENTS:
         raise ValueError(f"{f}: causal_alignment must be 'top_left' or 'bottom_right', "
                          f"got {causal_alignment!r}")
-    for name, arr in (("query", query), ("key", key), ("value", value)):
-        if arr.ndim < 2:
-            raise ValueError(f"{f}: {name} must have at least 2 dimensions (..., length, dim), "
-                             f"got shape {arr.shape}")
+    V.require_matrices(f, "..., length, dim", query=query, key=key, value=value)
     L, E = query.shape[-2:]
     S, Ek = key.shape[-2:]
     Sv, Ev = value.shape[-2:]

@@ -66,10 +66,7 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
         raise ValueError(f"{_FNAME}: out must be a numpy.ndarray, got {type(out).__name__}")
     out_arr = V.as_float_array(out, "out", _FNAME)
     alpha = V.check_real(alpha, "alpha", _FNAME)
-    for name, arr in (("a", a), ("b", b), ("out", out_arr)):
-        if arr.ndim < 2:
-            raise ValueError(f"{_FNAME}: {name} must have at least 2 dimensions (..., rows, "
-                             f"cols), got shape {arr.shape}")
+    V.require_matrices(_FNAME, "..., rows, cols", a=a, b=b, out=out_arr)
     M, K = a.shape[-2:]
     K2, N = b.shape[-2:]
     if K != K2:
