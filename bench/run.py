@@ -181,7 +181,7 @@ def run(cases, thread_counts, quick):
                 bad = check_results(case)
                 times = B.interleaved(case.impls(n), samples=samples, target=target,
                                       pause=pause if n > 1 else 0.0,
-                                      tick=lambda: bar.update(label, 1))
+                                      tick=lambda label=label: bar.update(label, 1))
                 rows.append((n, case, times, bad))
                 if n > 1:
                     time.sleep(pause)

@@ -58,7 +58,8 @@ def load_variant(name):
                           f"(built: {[n for n in ('baseline', 'avx2') if _built(n)]})")
     if not _cpu_runs(name):
         raise ImportError(f"cyattn: this CPU cannot run the {name!r} kernel variant "
-                          f"(it has {cpu_features()}; avx2 needs avx, avx2, fma and OS YMM support)")
+                          f"(it has {cpu_features()}; avx2 needs avx, avx2, fma and OS YMM "
+                          f"support)")
     if name == "baseline":
         return _kernels_baseline
     return importlib.import_module(f"cyattn._kernels_{name}")

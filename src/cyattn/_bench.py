@@ -346,7 +346,7 @@ def run_quick_bench(n_threads=1, mode="standard", out=None, progress=True):
             if bar:
                 bar.update(case.name)
             times = interleaved(fns, samples=samples, target=target, pause=pause,
-                                tick=(lambda: bar.update(case.name, 1)) if bar else None)
+                                tick=(lambda name=case.name: bar.update(name, 1)) if bar else None)
             ours, _, _ = summary(times["cyattn"])
             ref, _, _ = summary(times["numpy"])
             rows.append((case.name, ours, ref, paired_ratio(times["numpy"], times["cyattn"]),

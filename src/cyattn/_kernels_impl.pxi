@@ -128,7 +128,8 @@ cdef inline float exp_f32(float x) noexcept nogil:
     p = p * r + <float>1.0
     n1 = ni >> 1
     n2 = ni - n1
-    p = (p * _f32_from_bits((<uint32_t>(n1 + 127)) << 23)) * _f32_from_bits((<uint32_t>(n2 + 127)) << 23)
+    p = p * _f32_from_bits((<uint32_t>(n1 + 127)) << 23)     # exact: p times a normal 2**n1
+    p = p * _f32_from_bits((<uint32_t>(n2 + 127)) << 23)     # the one rounding (subnormals)
     return _f32_from_bits(<uint32_t>_f32_bits(p) & keep)
 
 
@@ -160,7 +161,8 @@ cdef inline double exp_f64(double x) noexcept nogil:
     p = p * r + 1.0
     n1 = ni >> 1
     n2 = ni - n1
-    p = (p * _f64_from_bits((<uint64_t>(n1 + 1023)) << 52)) * _f64_from_bits((<uint64_t>(n2 + 1023)) << 52)
+    p = p * _f64_from_bits((<uint64_t>(n1 + 1023)) << 52)    # exact: p times a normal 2**n1
+    p = p * _f64_from_bits((<uint64_t>(n2 + 1023)) << 52)    # the one rounding (subnormals)
     return _f64_from_bits(<uint64_t>_f64_bits(p) & keep)
 
 
