@@ -477,3 +477,54 @@ def test_failed_call_with_out_aliasing_input_leaves_everything():
     x = f64(3, 3)
     raises_cleanly(TypeError, f"{SM}: mask has dtype int64", cyattn.softmax, x,
                    mask=np.ones(3, np.int64), out=x)
+
+
+# ------------------------------------------------------------------------------------------
+# Found by a fresh-eyes user test (each was wrong once)
+# ------------------------------------------------------------------------------------------
+
+def test_byte_swapped_floats_are_accepted():
+    x = np.array([1.0, 2.0, 3.0])
+    swapped = x.astype(">f8" if np.little_endian else "<f8")
+    np.testing.assert_array_equal(cyattn.softmax(swapped), cyattn.softmax(x))
+
+
+def test_non_integer_dtype_message_has_no_integer_hint():
+    with pytest.raises(TypeError, match=r"complex128; expected float16, float32 or float64$"):
+        cyattn.softmax(np.ones(3, np.complex128))
+
+
+@pytest.mark.parametrize("kw", ["key_padding_mask", "attn_mask"])
+def test_mha_integer_mask_message_states_ignore_polarity(kw):
+    mha = cyattn.MultiHeadAttention(8, 2)
+    x = np.ones((5, 3, 8), np.float32)
+    mask = np.zeros((3, 5), int) if kw == "key_padding_mask" else np.zeros((5, 5), int)
+    with pytest.raises(TypeError, match=r"True = ignore"):
+        mha(x, x, x, **{kw: mask})
+
+
+def test_huge_int_alpha_and_scale_raise_value_error_naming_them():
+    with pytest.raises(ValueError, match=r"alpha is too large"):
+        cyattn.matmul_accumulate(np.ones((2, 3)), np.ones((3, 2)), np.ones((2, 2)),
+                                 alpha=10**400)
+    with pytest.raises(ValueError, match=r"scale is too large"):
+        cyattn.scaled_dot_product_attention(np.ones((1, 2)), np.ones((2, 2)), np.ones((2, 2)),
+                                            scale=10**400)
+
+
+def test_float16_result_overflow_gives_inf_without_warning():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = cyattn.log_softmax(np.array([65504, -65504], np.float16))
+        q = np.full((1, 4), 100, np.float16)
+        k = np.full((2, 4), 100, np.float16)
+        _, lse = cyattn.scaled_dot_product_attention(q, k, np.ones((2, 1), np.float16),
+                                                     scale=10.0, return_lse=True)
+    assert out.dtype == np.float16 and out[0] == 0 and out[1] == -np.inf
+    assert lse.dtype == np.float16 and np.isposinf(lse).all()
+
+
+def test_mha_bad_seed_message_names_seed():
+    with pytest.raises(ValueError, match=r"seed must be"):
+        cyattn.MultiHeadAttention(8, 2, seed=-1)

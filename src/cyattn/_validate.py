@@ -28,8 +28,11 @@ def as_float_array(x, name, fname):
             raise TypeError(f"{fname}: {name} could not be converted to an array ({exc}); "
                             f"expected an array of float16, float32 or float64") from None
     if arr.dtype not in _FLOATS:
+        if arr.dtype.kind == "f" and arr.dtype.newbyteorder("=") in _FLOATS:
+            return arr.astype(arr.dtype.newbyteorder("="))      # byte-swapped: native copy
+        hint = " (cast integer data explicitly)" if arr.dtype.kind in "biu" else ""
         raise TypeError(f"{fname}: {name} has dtype {arr.dtype}; expected float16, float32 or "
-                        f"float64 (cast integer data explicitly)")
+                        f"float64{hint}")
     return arr
 
 
@@ -54,8 +57,10 @@ def kernel_ready(arr, dtype):
     return arr
 
 
-def prepare_mask(mask, name, fname, compute_dtype):
-    """(kind, array): kind 0 none, 1 bool (as a uint8 view, True = keep), 2 additive float."""
+def prepare_mask(mask, name, fname, compute_dtype, bool_meaning="True = take part"):
+    """(kind, array): kind 0 none, 1 bool (as a uint8 view, True = keep), 2 additive float.
+
+    ``bool_meaning`` is what True means for this argument, for the error message."""
     if mask is None:
         return 0, None
     arr = mask if isinstance(mask, np.ndarray) else np.asarray(mask)
@@ -69,9 +74,9 @@ def prepare_mask(mask, name, fname, compute_dtype):
             info = np.finfo(compute_dtype)
             arr = np.where(np.isfinite(arr), np.clip(arr, info.min, info.max), arr)
         return 2, kernel_ready(arr, compute_dtype)
-    raise TypeError(f"{fname}: {name} has dtype {arr.dtype}; expected bool (True = take part) or "
-                    f"a float dtype (added to the scores). Integer masks are ambiguous: use "
-                    f"mask.astype(bool) for a keep-mask")
+    raise TypeError(f"{fname}: {name} has dtype {arr.dtype}; expected bool ({bool_meaning}) or "
+                    f"a float dtype (added to the scores). Integer masks are ambiguous: convert "
+                    f"explicitly with mask.astype(bool)")
 
 
 def broadcast_mask(mask, target_shape, name, fname):
@@ -151,7 +156,25 @@ def check_bool(value, name, fname):
 def check_real(value, name, fname):
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{fname}: {name} must be a real number, got {type(value).__name__}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{fname}: {name} is too large for a float64, got {value!r}") from None
+
+
+def to_result(arr, dtype):
+    """``arr`` in the result dtype; rounding float32 results to float16 may overflow to inf,
+    which is the answer in float16, so NumPy's overflow warning is silenced."""
+    if arr.dtype == dtype:
+        return arr
+    with np.errstate(over="ignore"):
+        return arr.astype(dtype)
+
+
+def copy_result(out, arr):
+    """Copy a computed result into the caller's ``out`` (see to_result for float16)."""
+    with np.errstate(over="ignore"):
+        np.copyto(out, arr, casting="unsafe")
 
 
 # Shared read-only offsets for calls without batch dimensions (the kernels take const views).

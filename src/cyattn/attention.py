@@ -161,12 +161,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
             (S - L) if causal_alignment == "bottom_right" else 0, n_threads)
     if out is not None:
         if res is not out:
-            np.copyto(out, res, casting="unsafe")
+            V.copy_result(out, res)
         res = out
     else:
-        res = res.astype(result, copy=False)
+        res = V.to_result(res, result)
     if return_lse:
-        return res, lse.astype(result, copy=False)
+        return res, V.to_result(lse, result)
     return res
 
 

@@ -107,5 +107,5 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
         target, V.batch_offsets(target, batch), target.strides[-2] // item,
         target.strides[-1] // item, M, N, K, alpha, n_threads)
     if target is not out:
-        np.copyto(out, target, casting="unsafe")
+        V.copy_result(out, target)
     return out

@@ -49,7 +49,7 @@ def _mask(mask, name, compute):
     """(ignore, add) for a torch-polarity mask: bool True = ignore, float = added."""
     if mask is None:
         return None, None
-    kind, arr = V.prepare_mask(mask, name, _FNAME, compute)
+    kind, arr = V.prepare_mask(mask, name, _FNAME, compute, bool_meaning="True = ignore")
     if kind == 1:
         return arr.view(np.bool_), None
     return None, arr
@@ -340,14 +340,14 @@ def multi_head_attention(query, key, value, *, num_heads, in_proj_weight=None,
                                need_weights, H, compute, batch_first_int)
     if not batched:
         out = out[0]
-    out = out.astype(result, copy=False)
+    out = V.to_result(out, result)
     if not need_weights:
         return out, None
     if average_attn_weights:
         weights = weights.sum(axis=1) / H
     if not batched:
         weights = weights[0]
-    return out, weights.astype(result, copy=False)
+    return out, V.to_result(weights, result)
 
 
 def _attend(query, key, value, in_weights, in_biases, w_o, b_o, keep, add, is_causal,
@@ -485,7 +485,11 @@ class MultiHeadAttention:
         self.batch_first = V.check_bool(batch_first, "batch_first", c)
         self.dtype = _check_dtype(dtype, c)
 
-        rng = np.random.default_rng(seed)
+        try:
+            rng = np.random.default_rng(seed)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{c}: seed must be None, a non-negative int or a numpy Generator/"
+                            f"SeedSequence, got {seed!r} ({exc})") from None
         E = embed_dim
 
         def xavier(rows, cols):

@@ -42,9 +42,9 @@ def _softmax(fname, x, axis, mask, out, log_out):
                              V.threads_for_work(V.resolve_threads(None, fname), rows * n, 1 << 15))
     res = np.moveaxis(res, -1, ax)
     if out is None:
-        return res.astype(result, copy=False)
+        return V.to_result(res, result)
     if res is not out:
-        np.copyto(out, res, casting="unsafe")
+        V.copy_result(out, res)
     return out
 
 
