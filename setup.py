@@ -3,7 +3,8 @@
 The same Cython source (src/cyattn/_kernels_impl.pxi) is compiled as
   * cyattn._kernels_baseline: no -march (x86-64 SSE2, armv8-a NEON), runs on every CPU;
   * cyattn._kernels_avx2 (x86-64 only): -mavx2 -mfma (MSVC: /arch:AVX2).
-cyattn._backend picks one at import time. Never -march=native, -ffast-math or -Ofast.
+cyattn._backend picks one at import time. No host-specific ISA flag (march=native) and no
+fast-math or Ofast: wheels must run on any CPU of their architecture and keep IEEE semantics.
 
 OpenMP is used when the compiler supports it (probed by compiling a test program); set
 CYATTN_NO_OPENMP=1 to build without it (the kernels then run single-threaded).
