@@ -294,35 +294,13 @@ cdef floating softmax_inplace(floating* y, Py_ssize_t n, bint log_out) noexcept 
     return m + <floating>log(total)
 
 
-cdef void row_load_masked(const floating* x, floating* y, Py_ssize_t n,
-                          const uint8_t* bmask, Py_ssize_t bstride,
-                          const floating* amask, Py_ssize_t astride) noexcept nogil:
-    """y = x with a bool mask (False -> -inf, x not read into y) and/or an additive mask."""
-    cdef Py_ssize_t j
-    cdef floating neg_inf = <floating>-CYATTN_INF
-    if bmask != NULL:
-        if bstride == 1:        # the common layout gets a unit-stride loop that vectorises
-            for j in range(n):
-                y[j] = x[j] if bmask[j] else neg_inf
-        else:
-            for j in range(n):
-                y[j] = x[j] if bmask[j * bstride] else neg_inf
-    elif x != y:
-        memcpy(y, x, n * sizeof(floating))
-    if amask != NULL:
-        if astride == 1:
-            for j in range(n):
-                y[j] = y[j] + amask[j]
-        else:
-            for j in range(n):
-                y[j] = y[j] + amask[j * astride]
-
-
 cdef void row_mask_inplace(floating* y, Py_ssize_t n,
                            const uint8_t* bmask, Py_ssize_t bstride,
                            const floating* amask, Py_ssize_t astride) noexcept nogil:
-    """row_load_masked for x == y: a single pointer, so the unit-stride loops vectorise
-    without an aliasing check (which fails at run time when source and target coincide)."""
+    """Apply a bool mask (False -> -inf) and/or an additive mask to y in place.
+
+    One pointer, so the unit-stride loops vectorise without an aliasing check (gcc's check
+    fails at run time, and picks the scalar loop, when source and target coincide)."""
     cdef Py_ssize_t j
     cdef floating neg_inf = <floating>-CYATTN_INF
     if bmask != NULL:
@@ -339,6 +317,16 @@ cdef void row_mask_inplace(floating* y, Py_ssize_t n,
         else:
             for j in range(n):
                 y[j] = y[j] + amask[j * astride]
+
+
+cdef void row_load_masked(const floating* x, floating* y, Py_ssize_t n,
+                          const uint8_t* bmask, Py_ssize_t bstride,
+                          const floating* amask, Py_ssize_t astride) noexcept nogil:
+    """y = x with the masks applied (a bool-masked x value is overwritten with -inf, so it
+    never reaches the sums)."""
+    if x != y:
+        memcpy(y, x, n * sizeof(floating))
+    row_mask_inplace(y, n, bmask, bstride, amask, astride)
 
 
 cdef void softmax_rows_impl(const floating* x, floating* y, Py_ssize_t rows, Py_ssize_t n,
