@@ -21,16 +21,9 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 py=${PYTHON:-python3}
-start=$SECONDS
-current=""
-step() { current=$*; echo; echo "== ci_config_check: $* (t=$((SECONDS - start))s)"; }
-fail() { echo "ci_config_check: FAILED: $*" >&2; exit 1; }
-on_exit() {
-    local rc=$?
-    [ "$rc" -eq 0 ] || echo "ci_config_check: FAILED in step: ${current:-setup} (exit $rc)" >&2
-    rm -rf "${work:-}"
-}
-trap on_exit EXIT
+check_name=ci_config_check
+# shellcheck source=tools/_steps.sh
+source "$root/tools/_steps.sh"
 work=$(mktemp -d "${TMPDIR:-/tmp}/cyattn-ci-config.XXXXXX")
 cd "$root"
 workflows=(.github/workflows/*.yml)

@@ -27,16 +27,9 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 wheel=${1:-}
 py=${PYTHON:-python3}
 cpu=${CYATTN_QEMU_CPU:-Westmere}
-start=$SECONDS
-current=""
-step() { current=$*; echo; echo "== qemu_check: $* (t=$((SECONDS - start))s)"; }
-fail() { echo "qemu_check: FAILED: $*" >&2; exit 1; }
-on_exit() {
-    local rc=$?
-    [ "$rc" -eq 0 ] || echo "qemu_check: FAILED in step: ${current:-setup} (exit $rc)" >&2
-    rm -rf "${work:-}"
-}
-trap on_exit EXIT
+check_name=qemu_check
+# shellcheck source=tools/_steps.sh
+source "$root/tools/_steps.sh"
 
 if [ "$(uname -m)" != x86_64 ]; then
     echo "qemu_check: this check is for x86-64 hosts (this is $(uname -m)); skipped"

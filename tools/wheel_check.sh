@@ -33,16 +33,9 @@ done
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 py=${PYTHON:-python3}
-start=$SECONDS
-current=""
-
-step() { current=$*; echo; echo "== wheel_check: $* (t=$((SECONDS - start))s)"; }
-fail() { echo "wheel_check: FAILED: $*" >&2; exit 1; }
-on_exit() {
-    local rc=$?
-    [ "$rc" -eq 0 ] || echo "wheel_check: FAILED in step: ${current:-setup} (exit $rc)" >&2
-}
-trap on_exit EXIT
+check_name=wheel_check
+# shellcheck source=tools/_steps.sh
+source "$root/tools/_steps.sh"
 
 # Pinned so that a new release of a checker cannot change the verdict on the same tree.
 tool_pkgs=(build==1.6.1 twine==7.0.0 check-wheel-contents==0.6.3 "validate-pyproject[all]==0.27"
