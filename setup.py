@@ -2,12 +2,15 @@
 
 The same Cython source (src/cyattn/_kernels_impl.pxi) is compiled as
   * cyattn._kernels_baseline: no -march (x86-64 SSE2, armv8-a NEON), runs on every CPU;
-  * cyattn._kernels_avx2 (x86-64 only): -mavx2 -mfma (MSVC: /arch:AVX2).
+  * cyattn._kernels_avx2 (x86-64 only): -mavx2 -mfma (MSVC: /arch:AVX2);
+  * cyattn._kernels_avx512 (x86-64 only): AVX-512 F/VL/BW/DQ + FMA (MSVC: /arch:AVX512),
+    the x86-64-v4 feature set, with its own micro-kernel tile sizes (512-bit registers).
 cyattn._backend picks one at import time. No host-specific ISA flag (march=native) and no
 fast-math or Ofast: wheels must run on any CPU of their architecture and keep IEEE semantics.
 
 OpenMP is used when the compiler supports it (probed by compiling a test program); set
 CYATTN_NO_OPENMP=1 to build without it (the kernels then run single-threaded).
+CYATTN_SANITIZE=address,undefined (gcc/clang) builds with ASan/UBSan for tools/sanitize_check.sh.
 """
 import os
 import sys
@@ -53,28 +56,55 @@ class BuildExt(build_ext):
         if ctype == "msvc":
             base = ["/O2"]
             omp_c, omp_l = ["/openmp"], []
-            isa = {"avx2": ["/arch:AVX2"]}
+            isa = {"avx2": ["/arch:AVX2"], "avx512": ["/arch:AVX512"]}
         else:
             base = ["-O3", "-fno-strict-aliasing"]
             if sys.platform == "darwin":
                 omp_c, omp_l = ["-Xpreprocessor", "-fopenmp"], ["-lomp"]
             else:
                 omp_c, omp_l = ["-fopenmp"], ["-fopenmp"]
-            isa = {"avx2": ["-mavx2", "-mfma"]}
+            isa = {"avx2": ["-mavx2", "-mfma"],
+                   "avx512": ["-mavx2", "-mfma", "-mavx512f", "-mavx512vl", "-mavx512bw",
+                              "-mavx512dq"]}
         use_omp = not _env_flag("CYATTN_NO_OPENMP") and self._compiles_and_links(omp_c, omp_l)
         self.cyattn_openmp = use_omp
         for ext in self.extensions:
             variant = ext.name.rsplit("_", 1)[-1]
             ext.extra_compile_args = base + isa.get(variant, []) + (omp_c if use_omp else [])
             ext.extra_link_args = omp_l if use_omp else []
-        print(f"cyattn: compiler={ctype} openmp={'on' if use_omp else 'off'}")
+        # --- CYATTN_SANITIZE: ASan/UBSan builds for tools/sanitize_check.sh (never for wheels) ---
+        # A comma-separated subset of {address, undefined}. -O3 stays on purpose: the sanitizers
+        # then check the code the wheels ship (the same vectorised loops and remainder paths);
+        # -g and frame pointers keep the reports readable. UBSan findings abort instead of
+        # printing and going on (-fno-sanitize-recover). Link flags: the sanitizer runtimes.
+        sanitize = [name.strip() for name in os.environ.get("CYATTN_SANITIZE", "").split(",")
+                    if name.strip()]
+        if sanitize:
+            unknown = sorted(set(sanitize) - {"address", "undefined"})
+            if unknown:
+                raise RuntimeError(f"CYATTN_SANITIZE={os.environ['CYATTN_SANITIZE']!r}: unknown "
+                                   f"sanitizer(s) {unknown}; expected a comma-separated list "
+                                   f"from: address, undefined")
+            if ctype not in ("unix", "mingw32", "cygwin"):
+                raise RuntimeError(f"CYATTN_SANITIZE needs gcc or clang; this build uses the "
+                                   f"{ctype!r} compiler")
+            san_flag = f"-fsanitize={','.join(sanitize)}"
+            for ext in self.extensions:
+                # new lists: the OpenMP flag lists are shared by all extensions
+                ext.extra_compile_args = ext.extra_compile_args + [
+                    san_flag, "-fno-omit-frame-pointer", "-g"] + (
+                    ["-fno-sanitize-recover=undefined"] if "undefined" in sanitize else [])
+                ext.extra_link_args = ext.extra_link_args + [san_flag]
+        # --- end CYATTN_SANITIZE ---
+        print(f"cyattn: compiler={ctype} openmp={'on' if use_omp else 'off'} "
+              f"sanitize={','.join(sanitize) or 'off'}")
         super().build_extensions()
 
 
 def _extensions():
     from Cython.Build import cythonize
 
-    variants = ["baseline"] + (["avx2"] if _target_is_x86_64() else [])
+    variants = ["baseline"] + (["avx2", "avx512"] if _target_is_x86_64() else [])
     exts = [
         Extension(
             f"cyattn._kernels_{v}",

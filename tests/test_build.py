@@ -28,7 +28,7 @@ import pytest
 import cyattn
 from cyattn import _backend
 
-KNOWN = ("baseline", "avx2")
+KNOWN = ("baseline", "avx2", "avx512")
 IS_X86_64 = (platform.machine().lower() in ("x86_64", "amd64", "x64")
              and sys.maxsize > 2 ** 32)
 
@@ -70,20 +70,21 @@ def _run(code, tmp_path, backend=None, extra_args=()):
 # ------------------------------------------------------------------------------------------
 
 @pytest.mark.skipif(not IS_X86_64, reason="x86-64 only")
-def test_x86_64_build_has_avx2_variant():
+@pytest.mark.parametrize("name", ["avx2", "avx512"])
+def test_x86_64_build_has_simd_variants(name):
     assert _built("baseline")
-    assert _built("avx2"), (
-        "this x86-64 build of cyattn has no AVX2 kernel variant (cyattn._kernels_avx2): "
+    assert _built(name), (
+        f"this x86-64 build of cyattn has no {name} kernel variant (cyattn._kernels_{name}): "
         "setup.py did not see an x86-64 target (check _PYTHON_HOST_PLATFORM / ARCHFLAGS)")
     base = importlib.util.find_spec("cyattn._kernels_baseline").origin
-    avx2 = importlib.util.find_spec("cyattn._kernels_avx2").origin
-    assert os.path.dirname(avx2) == os.path.dirname(base)
+    origin = importlib.util.find_spec(f"cyattn._kernels_{name}").origin
+    assert os.path.dirname(origin) == os.path.dirname(base)
 
 
 @pytest.mark.skipif(IS_X86_64, reason="non-x86-64 only")
 def test_other_builds_hold_only_the_baseline():
     assert _built("baseline")
-    assert not _built("avx2")
+    assert not _built("avx2") and not _built("avx512")
 
 
 def test_variant_modules_are_what_they_say():
@@ -106,6 +107,9 @@ def test_available_variants_match_cpu_features():
     assert avail[0] == "baseline"
     can_avx2 = {"avx", "avx2", "fma", "os_ymm"} <= feats
     assert ("avx2" in avail) == (_built("avx2") and can_avx2)
+    can_avx512 = can_avx2 and {"avx512f", "avx512vl", "avx512bw", "avx512dq", "os_zmm"} <= feats
+    assert ("avx512" in avail) == (_built("avx512") and can_avx512)
+    assert avail == [n for n in KNOWN if n in avail]          # best last
     if IS_X86_64:
         assert "sse2" in feats
     if platform.machine().lower() in ("arm64", "aarch64"):
@@ -154,31 +158,32 @@ def test_forced_variant_shown_by_info(tmp_path):
                      proc.stdout, re.M), proc.stdout
 
 
-@pytest.mark.parametrize("name", ["avx512", "native", "AVX-2", "none"])
+@pytest.mark.parametrize("name", ["avx512f", "native", "AVX-2", "none"])
 def test_forcing_an_unknown_variant_is_an_import_error(tmp_path, name):
     proc = _run("import cyattn", tmp_path, backend=name)
     assert proc.returncode != 0
     message = (f"ImportError: cyattn: unknown kernel variant {name.lower()!r}; "
-               "expected 'baseline' or 'avx2'")
+               "expected one of 'baseline', 'avx2', 'avx512'")
     assert message in proc.stderr, proc.stderr
 
 
 def test_load_variant_unknown_name():
-    with pytest.raises(ImportError, match=r"unknown kernel variant 'sse9'; expected 'baseline' "
-                                          r"or 'avx2'"):
+    with pytest.raises(ImportError, match=r"unknown kernel variant 'sse9'; expected one of "
+                                          r"'baseline', 'avx2', 'avx512'"):
         _backend.load_variant("sse9")
 
 
-@pytest.mark.skipif("avx2" in _backend.available_variants(),
-                    reason="this build and CPU run the avx2 variant")
-def test_forcing_an_unrunnable_variant_is_an_import_error(tmp_path):
-    if _built("avx2"):
-        why = "cyattn: this CPU cannot run the 'avx2' kernel variant"
+@pytest.mark.parametrize("name", ["avx2", "avx512"])
+def test_forcing_an_unrunnable_variant_is_an_import_error(tmp_path, name):
+    if name in _backend.available_variants():
+        pytest.skip(f"this build and CPU run the {name} variant")
+    if _built(name):
+        why = f"cyattn: this CPU cannot run the {name!r} kernel variant"
     else:
-        why = "cyattn: the 'avx2' kernel variant is not built into this install"
+        why = f"cyattn: the {name!r} kernel variant is not built into this install"
     with pytest.raises(ImportError, match=re.escape(why)):
-        _backend.load_variant("avx2")
-    proc = _run("import cyattn", tmp_path, backend="avx2")
+        _backend.load_variant(name)
+    proc = _run("import cyattn", tmp_path, backend=name)
     assert proc.returncode != 0
     assert f"ImportError: {why}" in proc.stderr, proc.stderr
 

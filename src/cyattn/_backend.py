@@ -1,8 +1,9 @@
 """Pick the compiled kernel variant once, at import.
 
 The baseline module (no -march) always loads and reports the CPU's features (CPUID leaves 1 and
-7, and XGETBV for the OS's support of YMM state). On x86-64 the AVX2+FMA module is loaded when
-the CPU and OS support it. ``CYATTN_BACKEND=baseline|avx2`` forces one; forcing a variant this
+7, and XGETBV for the OS's support of YMM and ZMM state). On x86-64 the best of the AVX2+FMA and
+AVX-512 (F, VL, BW, DQ: x86-64-v4) modules that the CPU and OS support is loaded.
+``CYATTN_BACKEND=baseline|avx2|avx512`` forces one; forcing a variant this
 build lacks or this CPU cannot run raises ImportError with the reason. Nothing else imports a
 variant module directly: use ``kernels`` from here.
 """
@@ -15,7 +16,13 @@ from . import _kernels_baseline
 __all__ = ["kernels", "variant", "available_variants", "cpu_features", "load_variant",
            "max_threads", "in_forked_child"]
 
-_FEATURE_BITS = {"sse2": 1, "avx": 2, "fma": 4, "avx2": 8, "os_ymm": 16, "avx512f": 32, "neon": 64}
+_FEATURE_BITS = {"sse2": 1, "avx": 2, "fma": 4, "avx2": 8, "os_ymm": 16, "avx512f": 32, "neon": 64,
+                 "avx512bw": 128, "avx512dq": 256, "avx512vl": 512, "os_zmm": 1024}
+VARIANTS = ("baseline", "avx2", "avx512")     # best last
+_NEEDS = {"baseline": set(),
+          "avx2": {"avx", "avx2", "fma", "os_ymm"},
+          "avx512": {"avx", "avx2", "fma", "os_ymm", "avx512f", "avx512vl", "avx512bw",
+                     "avx512dq", "os_zmm"}}
 
 
 def cpu_features():
@@ -25,12 +32,7 @@ def cpu_features():
 
 
 def _cpu_runs(name):
-    feats = set(cpu_features())
-    if name == "baseline":
-        return True
-    if name == "avx2":
-        return {"avx", "avx2", "fma", "os_ymm"} <= feats
-    return False
+    return _NEEDS[name] <= set(cpu_features())
 
 
 def _built(name):
@@ -39,11 +41,11 @@ def _built(name):
 
 def available_variants():
     """Variants that are both built into this install and runnable on this CPU, best last."""
-    return [n for n in ("baseline", "avx2") if _built(n) and _cpu_runs(n)]
+    return [n for n in VARIANTS if _built(n) and _cpu_runs(n)]
 
 
 def load_variant(name):
-    """Import and return the kernel module of variant ``name`` ('baseline' or 'avx2').
+    """Import and return the kernel module of variant ``name`` ('baseline', 'avx2', 'avx512').
 
     Raises
     ------
@@ -51,15 +53,16 @@ def load_variant(name):
         If the variant is unknown, not built into this install, or needs CPU features
         this machine lacks.
     """
-    if name not in ("baseline", "avx2"):
-        raise ImportError(f"cyattn: unknown kernel variant {name!r}; expected 'baseline' or 'avx2'")
+    if name not in VARIANTS:
+        raise ImportError(f"cyattn: unknown kernel variant {name!r}; expected one of "
+                          f"{', '.join(repr(v) for v in VARIANTS)}")
     if not _built(name):
         raise ImportError(f"cyattn: the {name!r} kernel variant is not built into this install "
-                          f"(built: {[n for n in ('baseline', 'avx2') if _built(n)]})")
+                          f"(built: {[n for n in VARIANTS if _built(n)]})")
     if not _cpu_runs(name):
+        missing = sorted(_NEEDS[name] - set(cpu_features()))
         raise ImportError(f"cyattn: this CPU cannot run the {name!r} kernel variant "
-                          f"(it has {cpu_features()}; avx2 needs avx, avx2, fma and OS YMM "
-                          f"support)")
+                          f"(it has {cpu_features()}; {name} also needs {missing})")
     if name == "baseline":
         return _kernels_baseline
     return importlib.import_module(f"cyattn._kernels_{name}")

@@ -31,6 +31,10 @@
 #define CYATTN_CPU_OSYMM   16   /* the OS saves YMM state (XCR0 bits 1 and 2) */
 #define CYATTN_CPU_AVX512F 32
 #define CYATTN_CPU_NEON    64
+#define CYATTN_CPU_AVX512BW 128
+#define CYATTN_CPU_AVX512DQ 256
+#define CYATTN_CPU_AVX512VL 512
+#define CYATTN_CPU_OSZMM   1024  /* the OS saves opmask and ZMM state (XCR0 bits 5, 6, 7) */
 
 #if CYATTN_X86
 static void cyattn_cpuid(unsigned int leaf, unsigned int sub, unsigned int r[4]) {
@@ -70,10 +74,14 @@ static int cyattn_cpu_features(void) {
     if (r[2] & (1u << 12)) f |= CYATTN_CPU_FMA;
     if (r[2] & (1u << 28)) f |= CYATTN_CPU_AVX;
     if ((r[2] & (1u << 27)) && (cyattn_xgetbv0() & 6u) == 6u) f |= CYATTN_CPU_OSYMM;
+    if ((r[2] & (1u << 27)) && (cyattn_xgetbv0() & 0xE6u) == 0xE6u) f |= CYATTN_CPU_OSZMM;
     if (max_leaf >= 7) {
         cyattn_cpuid(7, 0, r);
         if (r[1] & (1u << 5)) f |= CYATTN_CPU_AVX2;
         if (r[1] & (1u << 16)) f |= CYATTN_CPU_AVX512F;
+        if (r[1] & (1u << 17)) f |= CYATTN_CPU_AVX512DQ;
+        if (r[1] & (1u << 30)) f |= CYATTN_CPU_AVX512BW;
+        if (r[1] & (1u << 31)) f |= CYATTN_CPU_AVX512VL;
     }
 #elif defined(__aarch64__) || defined(_M_ARM64)
     f |= CYATTN_CPU_NEON;

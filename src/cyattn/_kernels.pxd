@@ -10,6 +10,10 @@ cdef extern from "_cyattn_support.h" nogil:
     int CYATTN_CPU_OSYMM
     int CYATTN_CPU_AVX512F
     int CYATTN_CPU_NEON
+    int CYATTN_CPU_AVX512BW
+    int CYATTN_CPU_AVX512DQ
+    int CYATTN_CPU_AVX512VL
+    int CYATTN_CPU_OSZMM
     int cyattn_cpu_features()
     int cyattn_openmp_enabled()
     int cyattn_omp_max_threads()

@@ -2,8 +2,9 @@
 # cython: initializedcheck=False, nonecheck=False, overflowcheck=False
 #
 # cyattn's compiled kernels. This file is included by every variant module
-# (_kernels_baseline.pyx, _kernels_avx2.pyx); the variants differ only in compiler flags, so the
-# same loops become SSE2 code in one and 256-bit FMA code in the other.
+# (_kernels_baseline.pyx, _kernels_avx2.pyx, _kernels_avx512.pyx); the variants differ in compiler
+# flags and in the micro-kernel tile each one defines before the include, so the same loops
+# become SSE2 code in one, 256-bit FMA code in the next and 512-bit code in the last.
 #
 # Design
 # ------
@@ -19,25 +20,38 @@
 #   NR-column panels and A into MR-row panels (zero padded at the edges), which also makes any
 #   input strides cheap. The micro-kernel keeps an MR x NR accumulator tile in a local array
 #   indexed by constant-bound loops; its innermost loop has NR > 16 trips so that gcc vectorises
-#   it instead of fully unrolling it (float32: 4 x 24; float64: 2 x 24, the best of 4x12, 2x24,
-#   6x8 and 8x8 measured here; see PERF-NOTES). KC = 256 keeps an A panel and a B panel in L1/L2.
-#   Panel buffers are sized for the wider of the two tiles (NR = NRD, MC a multiple of MR, MRD).
-#   Every element of C is summed over K in the same order whatever the tiling, so results are
-#   bit-identical for any number of threads.
-# * attention (this version): per (batch*head, query block of QB rows) task, scores = scale Q K^T
-#   for the query block into a per-thread buffer (keys past the causal limit of the block are
-#   never computed), masks applied in place, row softmax, then out = P V. K^T and V are packed
-#   once per (batch, head) and thread and reused by its consecutive query blocks. A key whose
-#   weight is exactly zero is never read into the output when V holds non-finite values.
-# * threads: OpenMP prange over independent tasks only (rows, output tiles, attention tasks),
-#   static schedule, per-thread scratch allocated once per call inside the parallel block.
-#   No reduction is ever split across threads. No global mutable state.
+#   it instead of fully unrolling it. Tiles (float32 / float64): baseline and avx2 4 x 24 / 2 x 24
+#   (PERF-NOTES; 2 x 24 the best of 4x12, 2x24, 6x8, 8x8), avx512 8 x 32 / 8 x 24 (16 and 24 of
+#   the 32 zmm registers; 8 x 32 measured against 12 x 32, 8 x 48 and 14 x 32 here). KC = 256.
+#   The A-panel index must stay a compile-time multiple of MR: a runtime stride there cost the
+#   float32 kernel 60 % (measured). Every element of C is summed over K in the same order
+#   whatever the tiling, so results are bit-identical for any number of threads.
+# * fused attention (Milakov and Gimelshein 2018; Dao et al. 2022): per task (batch entry, group
+#   of up to QG query rows) walk the keys in blocks of KB with an online softmax, transposed:
+#   S^T = K Q^T goes straight into the packed-panel layout (NR query lanes per panel) that
+#   O^T += V^T P^T reads as its B operand, so the weights are never repacked and the column
+#   softmax runs across query lanes. Causal limits skip whole blocks and leading query panels,
+#   an all-False bool-mask block is skipped, GQA and broadcasting are offsets per batch entry.
+#   Scratch is O(tile) per thread; the L x S matrix never exists.
+# * decode (L <= DECODE_MAX_L, S >= DECODE_MIN_S): tasks (batch entry, chunk of DECODE_CHUNK
+#   keys) stream their keys and values once and leave (max, sum, accumulator) per row; the
+#   partials are merged in chunk order. The chunking is fixed, so results do not depend on
+#   threads.
+# * rows whose fused or decode result is not finite (NaN/inf inputs, or a weighted sum of huge
+#   finite values that overflows before normalisation) are redone by the two-pass path, which
+#   materialises QB x S scores per block, normalises the weights before P V and never reads a
+#   value whose weight is exactly 0: the documented inf/NaN results, at two-pass cost, only for
+#   those rows.
+# * threads: OpenMP only over independent tasks (rows, output tiles, attention tasks), each
+#   worker with its own scratch allocated once per call; one thread runs without an OpenMP
+#   region. No reduction is ever split across threads. No global mutable state.
 
 from libc.stdlib cimport malloc, free
 from libc.string cimport memset, memcpy
-from libc.math cimport log, isnan
+from libc.math cimport log, isnan, sqrt
 from libc.stdint cimport int32_t, uint32_t, int64_t, uint64_t, uint8_t, uintptr_t
-from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_RECORDS_RO, PyBUF_RECORDS
+from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_RECORDS_RO, PyBUF_RECORDS,
+                             PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE)
 from cython cimport floating
 from cython.parallel cimport prange, parallel
 
@@ -53,16 +67,17 @@ cdef extern from *:
     double CYATTN_INF
     double CYATTN_NAN
 
+# The micro-kernel tile (MR x NR float32, MRD x NRD float64) and the blocking MC, NC depend on
+# the register file, so each variant module defines them before including this file.
 cdef enum:
     LANES = 32        # partial maxima / sums per row (a 32-trip loop is vectorised, not unrolled)
-    MR = 4            # float32 micro-kernel rows
-    NR = 24           # float32 micro-kernel columns (> 16 trips: see PERF-NOTES)
-    MRD = 2           # float64 micro-kernel rows (2 x 24: measured best of 4x12, 2x24, 6x8, 8x8)
-    NRD = 24          # float64 micro-kernel columns
     KC = 256          # depth of a packed panel
-    MC = 144          # rows of A packed at once (multiple of MR)
-    NC = 4032         # columns of B packed at once (multiple of NR)
-    QB = 64           # query rows per attention task
+    QB = 64           # query rows per block of the two-pass (fallback) attention path
+    KB = 256          # keys per block of the fused attention (score tile qg x KB)
+    QG = 256          # query rows per fused attention task (halved down to 64 for parallelism)
+    DECODE_MAX_L = 4  # at most this many query rows take the decode path ...
+    DECODE_MIN_S = 1024  # ... when there are at least this many keys
+    DECODE_CHUNK = 512   # keys per decode task (fixed: results must not depend on threads)
     ALIGN = 64        # scratch alignment in bytes
 
 
@@ -334,6 +349,13 @@ cdef void softmax_rows_impl(const floating* x, floating* y, Py_ssize_t rows, Py_
                             const floating* amask, Py_ssize_t a_rs, Py_ssize_t a_cs,
                             bint log_out, int n_threads) noexcept nogil:
     cdef Py_ssize_t r
+    if n_threads <= 1:                  # no OpenMP region for one thread
+        for r in range(rows):
+            row_load_masked(x + r * n, y + r * n, n,
+                            bmask + r * b_rs if bmask != NULL else NULL, b_cs,
+                            amask + r * a_rs if amask != NULL else NULL, a_cs)
+            softmax_inplace(y + r * n, n, log_out)
+        return
     for r in prange(rows, num_threads=n_threads, schedule='static'):
         row_load_masked(x + r * n, y + r * n, n,
                         bmask + r * b_rs if bmask != NULL else NULL, b_cs,
@@ -486,7 +508,7 @@ cdef void gemm_block(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
                      bint overwrite, floating* buf_a, floating* buf_b) noexcept nogil:
     """C[M, N] (+)= alpha * A[M, K] @ B[K, N], any strides, single-threaded.
 
-    buf_a holds MC x KC and buf_b KC x min(NC, round_up(N, NR)) elements. With ``overwrite``
+    buf_a holds MC x KC and buf_b KC x min(NC, round_up(N, nr)) elements. With ``overwrite``
     C is written (C = alpha A B), else accumulated. C is summed over K in KC blocks in order, so
     each element's result does not depend on how M and N are tiled.
     """
@@ -592,50 +614,70 @@ cdef inline void* align_ptr(void* raw) noexcept nogil:
     return <void*>((<uintptr_t>raw + ALIGN - 1) & ~(<uintptr_t>(ALIGN - 1)))
 
 
+cdef int matmul_worker(const floating* a, const int64_t* a_off, Py_ssize_t rsa, Py_ssize_t csa,
+                       const floating* b, const int64_t* b_off, Py_ssize_t rsb, Py_ssize_t csb,
+                       floating* c, const int64_t* c_off, Py_ssize_t rsc, Py_ssize_t csc,
+                       Py_ssize_t batch, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K,
+                       floating alpha, Py_ssize_t tile_m, Py_ssize_t tile_n,
+                       Py_ssize_t first, Py_ssize_t step) noexcept nogil:
+    """Output tiles first, first + step, ... of a batched C += alpha A B, with this worker's
+    own packing buffers (sized to the problem); 1 if they cannot be allocated."""
+    cdef Py_ssize_t tiles_m = (M + tile_m - 1) // tile_m
+    cdef Py_ssize_t tiles_n = (N + tile_n - 1) // tile_n
+    cdef Py_ssize_t ntasks = batch * tiles_m * tiles_n
+    cdef Py_ssize_t t, bi, ti, tj, i0, j0, mm, nn
+    cdef Py_ssize_t kc_max = K if K < KC else KC
+    cdef Py_ssize_t nb = round_up(min(tile_n, N, NC), NR if floating is float else NRD)
+    cdef Py_ssize_t ma = round_up(tile_m if tile_m < M else M, MR if floating is float else MRD)
+    cdef size_t bytes_a = <size_t>((ma if ma < MC else MC) * (kc_max if kc_max > 0 else 1)) \
+        * sizeof(floating)
+    cdef size_t bytes_b = <size_t>(nb * (kc_max if kc_max > 0 else 1)) * sizeof(floating)
+    cdef void* raw = malloc(bytes_a + bytes_b + 2 * ALIGN)
+    cdef floating* buf_a
+    cdef floating* buf_b
+    if raw == NULL:
+        return 1
+    buf_a = <floating*>align_ptr(raw)
+    buf_b = <floating*>align_ptr(<char*>buf_a + bytes_a)
+    t = first
+    while t < ntasks:
+        bi = t // (tiles_m * tiles_n)
+        ti = (t // tiles_n) % tiles_m
+        tj = t % tiles_n
+        i0 = ti * tile_m
+        j0 = tj * tile_n
+        mm = M - i0 if M - i0 < tile_m else tile_m
+        nn = N - j0 if N - j0 < tile_n else tile_n
+        gemm_block(mm, nn, K, alpha,
+                   a + a_off[bi] + i0 * rsa, rsa, csa,
+                   b + b_off[bi] + j0 * csb, rsb, csb,
+                   c + c_off[bi] + i0 * rsc + j0 * csc, rsc, csc,
+                   False, buf_a, buf_b)
+        t += step
+    free(raw)
+    return 0
+
+
 cdef void matmul_tasks_impl(const floating* a, const int64_t* a_off, Py_ssize_t rsa, Py_ssize_t csa,
                             const floating* b, const int64_t* b_off, Py_ssize_t rsb, Py_ssize_t csb,
                             floating* c, const int64_t* c_off, Py_ssize_t rsc, Py_ssize_t csc,
                             Py_ssize_t batch, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K,
                             floating alpha, Py_ssize_t tile_m, Py_ssize_t tile_n,
                             int n_threads, int* status) noexcept nogil:
-    """Batched C += alpha A B, parallel over (batch, tile_m x tile_n output tiles)."""
-    cdef Py_ssize_t tiles_m = (M + tile_m - 1) // tile_m
-    cdef Py_ssize_t tiles_n = (N + tile_n - 1) // tile_n
-    cdef Py_ssize_t ntasks = batch * tiles_m * tiles_n
-    cdef Py_ssize_t t, bi, ti, tj, i0, j0, mm, nn
-    cdef Py_ssize_t kc_max = K if K < KC else KC
-    cdef Py_ssize_t nb = round_up(tile_n if tile_n < NC else NC, NR)
-    cdef size_t bytes_a = <size_t>(MC * (kc_max if kc_max > 0 else 1)) * sizeof(floating)
-    cdef size_t bytes_b = <size_t>(nb * (kc_max if kc_max > 0 else 1)) * sizeof(floating)
-    cdef void* raw
-    cdef floating* buf_a
-    cdef floating* buf_b
-    if ntasks <= 0:
+    """Batched C += alpha A B over (batch, tile_m x tile_n output tiles): worker w of
+    n_threads takes tiles w, w + n_threads, ... One thread runs without an OpenMP region."""
+    cdef Py_ssize_t w
+    if batch <= 0 or M <= 0 or N <= 0:
         return
-    with parallel(num_threads=n_threads):
-        buf_a = NULL
-        buf_b = NULL
-        raw = malloc(bytes_a + bytes_b + 2 * ALIGN)
-        if raw == NULL:
+    if n_threads <= 1:
+        if matmul_worker(a, a_off, rsa, csa, b, b_off, rsb, csb, c, c_off, rsc, csc,
+                         batch, M, N, K, alpha, tile_m, tile_n, 0, 1):
             status[0] = 1
-        else:
-            buf_a = <floating*>align_ptr(raw)
-            buf_b = <floating*>align_ptr(<char*>buf_a + bytes_a)
-        for t in prange(ntasks, schedule='static'):
-            if raw != NULL:
-                bi = t // (tiles_m * tiles_n)
-                ti = (t // tiles_n) % tiles_m
-                tj = t % tiles_n
-                i0 = ti * tile_m
-                j0 = tj * tile_n
-                mm = M - i0 if M - i0 < tile_m else tile_m
-                nn = N - j0 if N - j0 < tile_n else tile_n
-                gemm_block(mm, nn, K, alpha,
-                           a + a_off[bi] + i0 * rsa, rsa, csa,
-                           b + b_off[bi] + j0 * csb, rsb, csb,
-                           c + c_off[bi] + i0 * rsc + j0 * csc, rsc, csc,
-                           False, buf_a, buf_b)
-        free(raw)
+        return
+    for w in prange(n_threads, num_threads=n_threads, schedule='static', chunksize=1):
+        if matmul_worker(a, a_off, rsa, csa, b, b_off, rsb, csb, c, c_off, rsc, csc,
+                         batch, M, N, K, alpha, tile_m, tile_n, w, n_threads):
+            status[0] = 1
 
 
 # ------------------------------------------------------------------------------------------
@@ -743,26 +785,309 @@ cdef void attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
                     o_row[e] += w * v_row[e * v_cs]
 
 
-cdef void attention_impl(const floating* q, const int64_t* q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
-                         const floating* k, const int64_t* k_off, Py_ssize_t k_rs, Py_ssize_t k_cs,
-                         const floating* v, const int64_t* v_off, Py_ssize_t v_rs, Py_ssize_t v_cs,
-                         const uint8_t* bmask, const floating* amask, const int64_t* m_off,
-                         Py_ssize_t m_rs, Py_ssize_t m_cs,
-                         floating* out, floating* lse,
-                         Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E, Py_ssize_t Ev,
-                         floating scale, bint causal, Py_ssize_t causal_off,
-                         int n_threads, int* status) noexcept nogil:
-    """Tasks (batch entry, query block of QB rows) in parallel, static schedule.
+# Floor of the online-softmax shift: a query lane that has seen only -inf scores so far is
+# shifted by -FLT_MAX instead of -inf, so exp(-inf - shift) = 0 rather than NaN. A module
+# variable, so that gcc turns max(m, floor) into vmaxps (see EXP_LO_F32).
+cdef float SHIFT_FLOOR_F32 = -3.4028234663852886e38
+cdef double SHIFT_FLOOR_F64 = -1.7976931348623157e308
 
-    Each thread packs K^T and V of the (batch, head) it works on once and reuses them for
-    consecutive tasks of the same keys (the static schedule hands a thread a contiguous run of
-    tasks, and GQA heads sharing keys are adjacent), so the packing cost is paid per head, not
-    per query block. Scratch per thread: scores QB x S, packed P QB x S, packed K^T S x E and V
-    S x Ev, all allocated once per call.
+
+cdef void panel_online_softmax(floating* panel, Py_ssize_t kb, floating* row_m, floating* row_l,
+                               floating* factor) noexcept nogil:
+    """Online-softmax update of one query panel (nr query lanes) with a block of kb keys.
+
+    panel[p * nr + j] is the score of key p for query lane j (masks applied). For each lane:
+    the running maximum row_m grows to include the block, factor = exp(old max - new max)
+    rescales the running sum row_l (and, by the caller, the accumulated output), and the
+    panel becomes the unnormalised weights exp(score - max). All loops run across the nr
+    lanes, so they vectorise; a lane's sum is accumulated over keys in order.
     """
-    cdef Py_ssize_t qblocks = (L + QB - 1) // QB
-    cdef Py_ssize_t ntasks = batch * qblocks
-    cdef Py_ssize_t t, bi, qb, i0, rows, mo
+    cdef Py_ssize_t p, j
+    cdef floating col_max[NR_MAX]
+    cdef floating shift[NR_MAX]
+    cdef floating part[NR_MAX]
+    cdef floating s, e
+    cdef floating floor_ = SHIFT_FLOOR_F32 if floating is float else SHIFT_FLOOR_F64
+    cdef floating* row
+    if floating is float:
+        for j in range(NR):
+            col_max[j] = row_m[j]
+            part[j] = 0
+        for p in range(kb):
+            row = panel + p * NR
+            for j in range(NR):
+                s = row[j]
+                col_max[j] = s if s > col_max[j] else col_max[j]
+        for j in range(NR):
+            shift[j] = col_max[j] if col_max[j] > floor_ else floor_
+            factor[j] = exp_any(row_m[j] - shift[j])
+            row_m[j] = col_max[j]
+        for p in range(kb):
+            row = panel + p * NR
+            for j in range(NR):
+                e = exp_any(row[j] - shift[j])
+                row[j] = e
+                part[j] += e
+        for j in range(NR):
+            row_l[j] = row_l[j] * factor[j] + part[j]
+    else:
+        for j in range(NRD):
+            col_max[j] = row_m[j]
+            part[j] = 0
+        for p in range(kb):
+            row = panel + p * NRD
+            for j in range(NRD):
+                s = row[j]
+                col_max[j] = s if s > col_max[j] else col_max[j]
+        for j in range(NRD):
+            shift[j] = col_max[j] if col_max[j] > floor_ else floor_
+            factor[j] = exp_any(row_m[j] - shift[j])
+            row_m[j] = col_max[j]
+        for p in range(kb):
+            row = panel + p * NRD
+            for j in range(NRD):
+                e = exp_any(row[j] - shift[j])
+                row[j] = e
+                part[j] += e
+        for j in range(NRD):
+            row_l[j] = row_l[j] * factor[j] + part[j]
+
+
+cdef void panel_masks(floating* panel, Py_ssize_t kb, Py_ssize_t nr, Py_ssize_t lanes,
+                      Py_ssize_t q0, Py_ssize_t j0,
+                      const uint8_t* bmask, const floating* amask,
+                      Py_ssize_t m_rs, Py_ssize_t m_cs,
+                      bint causal, Py_ssize_t causal_off) noexcept nogil:
+    """Apply the causal limit and the masks to a panel: key j0 + p, query q0 + j (j < lanes).
+
+    Lanes past ``lanes`` are padding (no query) and are left alone, so no mask row past the
+    last query is read.
+    """
+    cdef Py_ssize_t p, j, cut
+    cdef floating neg_inf = <floating>-CYATTN_INF
+    cdef floating* row
+    cdef const uint8_t* b_col
+    cdef const floating* a_col
+    for p in range(kb):
+        row = panel + p * nr
+        if causal:
+            # query i sees key j0 + p iff j0 + p <= i + causal_off
+            cut = j0 + p - causal_off - q0
+            if cut > 0:
+                if cut > nr:
+                    cut = nr
+                for j in range(cut):
+                    row[j] = neg_inf
+        if bmask != NULL:
+            b_col = bmask + q0 * m_rs + (j0 + p) * m_cs
+            if m_rs == 0:
+                if not b_col[0]:
+                    for j in range(lanes):
+                        row[j] = neg_inf
+            else:
+                for j in range(lanes):
+                    if not b_col[j * m_rs]:
+                        row[j] = neg_inf
+        if amask != NULL:
+            a_col = amask + q0 * m_rs + (j0 + p) * m_cs
+            if m_rs == 0:
+                for j in range(lanes):
+                    row[j] = row[j] + a_col[0]
+            else:
+                for j in range(lanes):
+                    row[j] = row[j] + a_col[j * m_rs]
+
+
+cdef bint bool_block_empty(const uint8_t* bmask, Py_ssize_t m_rs, Py_ssize_t m_cs,
+                           Py_ssize_t i_first, Py_ssize_t i_last, Py_ssize_t j0,
+                           Py_ssize_t kb) noexcept nogil:
+    """True if the bool mask permits no key j0 .. j0+kb for any query i_first .. i_last-1."""
+    cdef Py_ssize_t i, j
+    cdef const uint8_t* m_row
+    cdef int any_kept = 0
+    if m_rs == 0:
+        i_last = i_first + 1                   # the mask is the same for every query
+    for i in range(i_first, i_last):
+        m_row = bmask + i * m_rs + j0 * m_cs
+        if m_cs == 1:
+            for j in range(kb):
+                any_kept |= m_row[j]
+        else:
+            for j in range(kb):
+                any_kept |= m_row[j * m_cs]
+        if any_kept:
+            return False
+    return True
+
+
+cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
+                               const floating* k, Py_ssize_t k_rs, Py_ssize_t k_cs,
+                               const floating* v, Py_ssize_t v_rs, Py_ssize_t v_cs,
+                               const uint8_t* bmask, const floating* amask,
+                               Py_ssize_t m_rs, Py_ssize_t m_cs,
+                               floating* out, floating* lse,
+                               Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t S,
+                               Py_ssize_t E, Py_ssize_t Ev, floating scale,
+                               bint causal, Py_ssize_t causal_off,
+                               floating* qt_packed, floating* k_packed, floating* vt_packed,
+                               floating* tile, floating* ot, Py_ssize_t ld_o,
+                               floating* row_m, floating* row_l, floating* factor) noexcept nogil:
+    """Rows i0 .. i0+rows of one (batch, head) by the online softmax over key blocks of KB.
+
+    Transposed formulation: per key block, S^T = K Q^T is computed straight into ``tile`` in
+    the packed-panel layout (nr query lanes per panel, one row per key) that the next product
+    reads as its B operand, so P is never repacked; the column softmax runs across query
+    lanes (vectorised); then O^T += V^T P^T. Query panels that a causal mask keeps from seeing
+    the whole block are skipped, as are blocks a bool mask removes entirely and the blocks past
+    the last row's causal limit. At the end out = (O^T)^T / sum and lse = max + log(sum).
+    """
+    cdef Py_ssize_t mr = MR if floating is float else MRD
+    cdef Py_ssize_t nr = NR if floating is float else NRD
+    cdef Py_ssize_t panels = (rows + nr - 1) // nr
+    cdef Py_ssize_t kv_end = S, j0, kb, jp, jp0, ir, pc, kc, r, e, first_q, lanes
+    cdef floating inv
+    cdef floating* o_row
+    cdef floating* panel
+    cdef floating* ot_col
+    for r in range(panels * nr):
+        row_m[r] = <floating>-CYATTN_INF
+        row_l[r] = 0
+    memset(ot, 0, <size_t>(ld_o * (Ev if Ev > 0 else 1)) * sizeof(floating))
+    if causal:
+        kv_end = i0 + rows + causal_off         # one past the last key any row here may see
+        kv_end = S if kv_end > S else (0 if kv_end < 0 else kv_end)
+    if kv_end > 0:
+        pack_b(E, rows, q + i0 * q_rs, q_cs, q_rs, qt_packed, nr)      # Q^T: E x rows
+    j0 = 0
+    while j0 < kv_end:
+        kb = kv_end - j0 if kv_end - j0 < KB else KB
+        jp0 = 0
+        if causal:
+            first_q = j0 - causal_off - i0      # queries before this one see none of the keys
+            jp0 = 0 if first_q < 0 else first_q // nr
+        if bmask != NULL and bool_block_empty(bmask, m_rs, m_cs, i0 + jp0 * nr, i0 + rows,
+                                              j0, kb):
+            j0 += KB
+            continue
+        pack_a(kb, E, k + j0 * k_rs, k_rs, k_cs, k_packed, mr)         # K block: kb x E
+        if Ev > 0:
+            pack_a(Ev, kb, v + j0 * v_rs, v_cs, v_rs, vt_packed, mr)   # V^T: Ev x kb
+        for jp in range(jp0, panels):
+            panel = tile + jp * KB * nr
+            lanes = rows - jp * nr if rows - jp * nr < nr else nr
+            # scores^T for this query panel: (kb x E) @ (E x nr), into the panel layout
+            ir = 0
+            while ir < kb:
+                if E <= 0:
+                    for r in range(ir * nr, (ir + mr if ir + mr < kb else kb) * nr):
+                        panel[r] = 0
+                pc = 0
+                while pc < E:
+                    kc = E - pc if E - pc < KC else KC
+                    if floating is float:
+                        micro_kernel_f32(kc, k_packed + ir * E + pc * mr,
+                                         qt_packed + jp * E * nr + pc * nr,
+                                         panel + ir * nr, nr, 1,
+                                         kb - ir if kb - ir < mr else mr, nr, scale, pc == 0)
+                    else:
+                        micro_kernel_f64(kc, k_packed + ir * E + pc * mr,
+                                         qt_packed + jp * E * nr + pc * nr,
+                                         panel + ir * nr, nr, 1,
+                                         kb - ir if kb - ir < mr else mr, nr, scale, pc == 0)
+                    pc += KC
+                ir += mr
+            panel_masks(panel, kb, nr, lanes, i0 + jp * nr, j0, bmask, amask, m_rs, m_cs,
+                        causal, causal_off)
+            panel_online_softmax(panel, kb, row_m + jp * nr, row_l + jp * nr, factor)
+            if Ev <= 0:
+                continue
+            for e in range(Ev):
+                ot_col = ot + e * ld_o + jp * nr
+                for r in range(nr):
+                    ot_col[r] = ot_col[r] * factor[r]
+            # O^T += V^T (Ev x kb) @ P^T (kb x nr)
+            ir = 0
+            while ir < Ev:
+                pc = 0
+                while pc < kb:
+                    kc = kb - pc if kb - pc < KC else KC
+                    if floating is float:
+                        micro_kernel_f32(kc, vt_packed + ir * kb + pc * mr, panel + pc * nr,
+                                         ot + ir * ld_o + jp * nr, ld_o, 1,
+                                         Ev - ir if Ev - ir < mr else mr, nr, 1, False)
+                    else:
+                        micro_kernel_f64(kc, vt_packed + ir * kb + pc * mr, panel + pc * nr,
+                                         ot + ir * ld_o + jp * nr, ld_o, 1,
+                                         Ev - ir if Ev - ir < mr else mr, nr, 1, False)
+                    pc += KC
+                ir += mr
+        j0 += KB
+    for r in range(rows):
+        o_row = out + r * Ev
+        if row_l[r] == 0:                       # fully masked: output 0, lse -inf
+            for e in range(Ev):
+                o_row[e] = 0
+            lse[r] = <floating>-CYATTN_INF
+            continue
+        inv = <floating>1 / row_l[r]
+        for e in range(Ev):
+            o_row[e] = ot[e * ld_o + r] * inv
+        lse[r] = row_m[r] + <floating>log(row_l[r])
+
+
+cdef bint row_nonfinite(const floating* out_row, floating lse_r, Py_ssize_t Ev) noexcept nogil:
+    """True if an output of the row is inf/NaN or its lse is NaN/+inf."""
+    if lse_r != lse_r or lse_r == CYATTN_INF:
+        return True
+    return has_nonfinite(out_row, 1, Ev, Ev, 1)
+
+
+cdef int redo_nonfinite_rows(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
+                             const floating* k, Py_ssize_t k_rs, Py_ssize_t k_cs,
+                             const floating* v, Py_ssize_t v_rs, Py_ssize_t v_cs,
+                             const uint8_t* bmask, const floating* amask,
+                             Py_ssize_t m_rs, Py_ssize_t m_cs,
+                             floating* out, floating* lse,
+                             Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t S,
+                             Py_ssize_t E, Py_ssize_t Ev, floating scale,
+                             bint causal, Py_ssize_t causal_off) noexcept nogil:
+    """Redo, by the two-pass path, each run of rows whose fused result is not finite.
+
+    Only those rows: a row's result then does not depend on which rows share its task, so
+    results stay the same for any grouping and thread count. 1 if out of memory.
+    """
+    cdef Py_ssize_t r = 0, run_end
+    while r < rows:
+        if not row_nonfinite(out + r * Ev, lse[r], Ev):
+            r += 1
+            continue
+        run_end = r + 1
+        while run_end < rows and row_nonfinite(out + run_end * Ev, lse[run_end], Ev):
+            run_end += 1
+        if legacy_attention_rows(q, q_rs, q_cs, k, k_rs, k_cs, v, v_rs, v_cs, bmask, amask,
+                                 m_rs, m_cs, out + r * Ev, lse + r, i0 + r, run_end - r,
+                                 S, E, Ev, scale, causal, causal_off):
+            return 1
+        r = run_end
+    return 0
+
+
+cdef int legacy_attention_rows(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
+                               const floating* k, Py_ssize_t k_rs, Py_ssize_t k_cs,
+                               const floating* v, Py_ssize_t v_rs, Py_ssize_t v_cs,
+                               const uint8_t* bmask, const floating* amask,
+                               Py_ssize_t m_rs, Py_ssize_t m_cs,
+                               floating* out, floating* lse,
+                               Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t S,
+                               Py_ssize_t E, Py_ssize_t Ev, floating scale,
+                               bint causal, Py_ssize_t causal_off) noexcept nogil:
+    """Rows i0 .. i0+rows by the two-pass path (scores of QB rows materialised, weights
+    normalised before P V, zero-weight keys skipped when V is non-finite); 1 if out of memory.
+
+    The fused path hands a block here when its result is not finite: the two-pass order is the
+    one whose inf/NaN behaviour is documented (a huge finite V cannot overflow the weighted sum,
+    a key whose weight is exactly 0 is never read). Scratch is allocated here, per call.
+    """
     cdef Py_ssize_t nr = NR if floating is float else NRD
     cdef Py_ssize_t mr = MR if floating is float else MRD
     cdef Py_ssize_t s1 = S if S > 0 else 1
@@ -773,58 +1098,327 @@ cdef void attention_impl(const floating* q, const int64_t* q_off, Py_ssize_t q_r
     cdef size_t bytes_q = <size_t>(qrows * (E if E > 0 else 1)) * sizeof(floating)
     cdef size_t bytes_kt = <size_t>(round_up(s1, nr) * (E if E > 0 else 1)) * sizeof(floating)
     cdef size_t bytes_v = <size_t>(s1 * round_up(Ev if Ev > 0 else 1, nr)) * sizeof(floating)
-    cdef void* raw
+    cdef void* raw = malloc(bytes_s + bytes_p + bytes_q + bytes_kt + bytes_v + 5 * ALIGN)
     cdef floating* scores
     cdef floating* p_packed
     cdef floating* q_packed
     cdef floating* kt_packed
     cdef floating* v_packed
-    cdef int64_t* cache         # per thread: k offset, v offset, V non-finite (written in prange)
-    if ntasks <= 0:
+    cdef Py_ssize_t done = 0, n
+    cdef bint v_nonfinite = False
+    if raw == NULL:
+        return 1
+    scores = <floating*>align_ptr(raw)
+    p_packed = <floating*>align_ptr(<char*>scores + bytes_s)
+    q_packed = <floating*>align_ptr(<char*>p_packed + bytes_p)
+    kt_packed = <floating*>align_ptr(<char*>q_packed + bytes_q)
+    v_packed = <floating*>align_ptr(<char*>kt_packed + bytes_kt)
+    if S > 0:
+        pack_b(E, S, k, k_cs, k_rs, kt_packed, nr)
+        pack_b(S, Ev, v, v_rs, v_cs, v_packed, nr)
+        v_nonfinite = has_nonfinite(v, S, Ev, v_rs, v_cs)
+    while done < rows:
+        n = rows - done if rows - done < QB else QB
+        attention_task(q, q_rs, q_cs, kt_packed, v_packed, bmask, amask, m_rs, m_cs,
+                       out + done * Ev, lse + done, i0 + done, n, S, E, Ev, scale,
+                       causal, causal_off, v, v_rs, v_cs, v_nonfinite,
+                       scores, ld_scores, q_packed, p_packed)
+        done += n
+    free(raw)
+    return 0
+
+
+cdef int attention_worker(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
+                          Py_ssize_t q_cs,
+                          const floating* k, const int64_t* k_off, Py_ssize_t k_rs, Py_ssize_t k_cs,
+                          const floating* v, const int64_t* v_off, Py_ssize_t v_rs, Py_ssize_t v_cs,
+                          const uint8_t* bmask, const floating* amask, const int64_t* m_off,
+                          Py_ssize_t m_rs, Py_ssize_t m_cs,
+                          floating* out, floating* lse,
+                          Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E,
+                          Py_ssize_t Ev, floating scale, bint causal, Py_ssize_t causal_off,
+                          Py_ssize_t qg, Py_ssize_t first, Py_ssize_t step) noexcept nogil:
+    """Fused attention tasks first, first + step, ... with this worker's own scratch;
+    1 if it cannot be allocated. See attention_impl."""
+    cdef Py_ssize_t groups = (L + qg - 1) // qg
+    cdef Py_ssize_t ntasks = batch * groups
+    cdef Py_ssize_t t, bi, i0, rows, mo
+    cdef Py_ssize_t nr = NR if floating is float else NRD
+    cdef Py_ssize_t mr = MR if floating is float else MRD
+    cdef Py_ssize_t qlanes = round_up(qg if qg < L else L, nr)
+    cdef Py_ssize_t e1 = E if E > 0 else 1
+    cdef Py_ssize_t ev1 = Ev if Ev > 0 else 1
+    cdef size_t bytes_q = <size_t>(qlanes * e1) * sizeof(floating)
+    cdef size_t bytes_k = <size_t>(round_up(KB, mr) * e1) * sizeof(floating)
+    cdef size_t bytes_v = <size_t>(round_up(ev1, mr) * KB) * sizeof(floating)
+    cdef size_t bytes_tile = <size_t>(qlanes * KB) * sizeof(floating)
+    cdef size_t bytes_o = <size_t>(qlanes * ev1) * sizeof(floating)
+    cdef size_t bytes_rows = <size_t>(3 * qlanes) * sizeof(floating)
+    cdef void* raw = malloc(bytes_q + bytes_k + bytes_v + bytes_tile + bytes_o + bytes_rows
+                            + 7 * ALIGN)
+    cdef floating* qt_packed
+    cdef floating* k_packed
+    cdef floating* vt_packed
+    cdef floating* tile
+    cdef floating* ot
+    cdef floating* row_m
+    if raw == NULL:
+        return 1
+    qt_packed = <floating*>align_ptr(raw)
+    k_packed = <floating*>align_ptr(<char*>qt_packed + bytes_q)
+    vt_packed = <floating*>align_ptr(<char*>k_packed + bytes_k)
+    tile = <floating*>align_ptr(<char*>vt_packed + bytes_v)
+    ot = <floating*>align_ptr(<char*>tile + bytes_tile)
+    row_m = <floating*>align_ptr(<char*>ot + bytes_o)
+    t = first
+    while t < ntasks:
+        bi = t % batch
+        i0 = (t // batch) * qg
+        rows = L - i0 if L - i0 < qg else qg
+        mo = m_off[bi] if m_off != NULL else 0
+        fused_attention_task(q + q_off[bi], q_rs, q_cs, k + k_off[bi], k_rs, k_cs,
+                             v + v_off[bi], v_rs, v_cs,
+                             bmask + mo if bmask != NULL else NULL,
+                             amask + mo if amask != NULL else NULL, m_rs, m_cs,
+                             out + (bi * L + i0) * Ev, lse + bi * L + i0,
+                             i0, rows, S, E, Ev, scale, causal, causal_off,
+                             qt_packed, k_packed, vt_packed, tile, ot, qlanes,
+                             row_m, row_m + qlanes, row_m + 2 * qlanes)
+        if redo_nonfinite_rows(q + q_off[bi], q_rs, q_cs, k + k_off[bi], k_rs, k_cs,
+                               v + v_off[bi], v_rs, v_cs,
+                               bmask + mo if bmask != NULL else NULL,
+                               amask + mo if amask != NULL else NULL, m_rs, m_cs,
+                               out + (bi * L + i0) * Ev, lse + bi * L + i0,
+                               i0, rows, S, E, Ev, scale, causal, causal_off):
+            free(raw)
+            return 1
+        t += step
+    free(raw)
+    return 0
+
+
+cdef void attention_impl(const floating* q, const int64_t* q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
+                         const floating* k, const int64_t* k_off, Py_ssize_t k_rs, Py_ssize_t k_cs,
+                         const floating* v, const int64_t* v_off, Py_ssize_t v_rs, Py_ssize_t v_cs,
+                         const uint8_t* bmask, const floating* amask, const int64_t* m_off,
+                         Py_ssize_t m_rs, Py_ssize_t m_cs,
+                         floating* out, floating* lse,
+                         Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E, Py_ssize_t Ev,
+                         floating scale, bint causal, Py_ssize_t causal_off, Py_ssize_t qg,
+                         int n_threads, int* status) noexcept nogil:
+    """Tasks (query group of qg rows, batch entry) in parallel, dealt out round-robin.
+
+    Task t covers batch entry t % batch and query group t // batch, so that consecutive tasks,
+    dealt out one at a time, belong to different heads and a causal mask's cheap early groups
+    and expensive late ones spread over the threads. Scratch per thread is O(tile): packed Q^T
+    (E x qg), one key block of K (KB x E) and V^T (Ev x KB), the score tile (KB x qg) and the
+    output accumulator O^T (Ev x qg), allocated once per call. Rows whose result is not finite
+    are redone by legacy_attention_rows (see there). One thread runs without an OpenMP region.
+    """
+    cdef Py_ssize_t w
+    if batch <= 0 or L <= 0:
+        return
+    if n_threads <= 1:
+        if attention_worker(q, q_off, q_rs, q_cs, k, k_off, k_rs, k_cs, v, v_off, v_rs, v_cs,
+                            bmask, amask, m_off, m_rs, m_cs, out, lse, batch, L, S, E, Ev,
+                            scale, causal, causal_off, qg, 0, 1):
+            status[0] = 1
+        return
+    for w in prange(n_threads, num_threads=n_threads, schedule='static', chunksize=1):
+        if attention_worker(q, q_off, q_rs, q_cs, k, k_off, k_rs, k_cs, v, v_off, v_rs, v_cs,
+                            bmask, amask, m_off, m_rs, m_cs, out, lse, batch, L, S, E, Ev,
+                            scale, causal, causal_off, qg, w, n_threads):
+            status[0] = 1
+
+
+cdef inline floating dot_lanes(const floating* a, const floating* b, Py_ssize_t n) noexcept nogil:
+    """sum_e a[e] * b[e] with LANES lane-wise partial sums combined pairwise (vectorised)."""
+    cdef floating part[LANES]
+    cdef floating tail = 0
+    cdef Py_ssize_t j = 0, lane
+    for lane in range(LANES):
+        part[lane] = 0
+    while j + LANES <= n:
+        for lane in range(LANES):
+            part[lane] += a[j + lane] * b[j + lane]
+        j += LANES
+    while j < n:
+        tail += a[j] * b[j]
+        j += 1
+    # fixed pairwise combination with constant trip counts (gcc unrolls them into vector adds)
+    for lane in range(16):
+        part[lane] += part[lane + 16]
+    for lane in range(8):
+        part[lane] += part[lane + 8]
+    for lane in range(4):
+        part[lane] += part[lane + 4]
+    for lane in range(2):
+        part[lane] += part[lane + 2]
+    return (part[0] + part[1]) + tail
+
+
+cdef void decode_chunk(const floating* q, Py_ssize_t q_rs,
+                       const floating* k, Py_ssize_t k_rs,
+                       const floating* v, Py_ssize_t v_rs,
+                       const uint8_t* bmask, const floating* amask,
+                       Py_ssize_t m_rs, Py_ssize_t m_cs,
+                       Py_ssize_t L, Py_ssize_t j0, Py_ssize_t kb,
+                       Py_ssize_t E, Py_ssize_t Ev, floating scale,
+                       bint causal, Py_ssize_t causal_off,
+                       floating* scores, floating* part) noexcept nogil:
+    """Partial softmax state of all L query rows over keys j0 .. j0+kb (unit-stride rows).
+
+    Writes part[r] = (max, sum, accumulator[Ev]) for r < L, stride Ev + 2. Each key row and
+    value row is read once for all query rows.
+    """
+    cdef Py_ssize_t r, j, e, lim
+    cdef floating m, shift, total, w
+    cdef floating floor_ = SHIFT_FLOOR_F32 if floating is float else SHIFT_FLOOR_F64
+    cdef floating neg_inf = <floating>-CYATTN_INF
+    cdef floating* row
+    cdef floating* acc
+    cdef const floating* k_row
+    cdef const floating* v_row
+    for j in range(kb):
+        k_row = k + (j0 + j) * k_rs
+        for r in range(L):
+            scores[r * kb + j] = scale * dot_lanes(q + r * q_rs, k_row, E)
+    for r in range(L):
+        row = scores + r * kb
+        if causal:
+            lim = r + causal_off + 1 - j0
+            lim = 0 if lim < 0 else lim
+            for j in range(lim, kb):
+                row[j] = neg_inf
+        if bmask != NULL or amask != NULL:
+            row_mask_inplace(row, kb,
+                             bmask + r * m_rs + j0 * m_cs if bmask != NULL else NULL, m_cs,
+                             amask + r * m_rs + j0 * m_cs if amask != NULL else NULL, m_cs)
+        m = row_max(row, kb)
+        shift = m if m > floor_ else floor_
+        total = row_exp_sum(row, kb, shift, True)
+        acc = part + r * (Ev + 2)
+        acc[0] = m
+        acc[1] = total
+        for e in range(Ev):
+            acc[2 + e] = 0
+    for j in range(kb):
+        v_row = v + (j0 + j) * v_rs
+        for r in range(L):
+            w = scores[r * kb + j]
+            acc = part + r * (Ev + 2) + 2
+            for e in range(Ev):
+                acc[e] += w * v_row[e]
+
+
+cdef void decode_merge(const floating* part, Py_ssize_t chunks, Py_ssize_t L, Py_ssize_t Ev,
+                       floating* out, floating* lse) noexcept nogil:
+    """Combine the chunks' partial states of one batch entry in chunk order into out and lse."""
+    cdef Py_ssize_t r, c, e
+    cdef floating m, shift, w, total
+    cdef floating floor_ = SHIFT_FLOOR_F32 if floating is float else SHIFT_FLOOR_F64
+    cdef const floating* pc
+    cdef floating* o_row
+    for r in range(L):
+        m = <floating>-CYATTN_INF
+        for c in range(chunks):
+            pc = part + (c * L + r) * (Ev + 2)
+            m = pc[0] if pc[0] > m else m
+        shift = m if m > floor_ else floor_
+        o_row = out + r * Ev
+        for e in range(Ev):
+            o_row[e] = 0
+        total = 0
+        for c in range(chunks):
+            pc = part + (c * L + r) * (Ev + 2)
+            w = exp_any(pc[0] - shift)            # 0 for a chunk with no permitted key
+            total = total + pc[1] * w
+            for e in range(Ev):
+                o_row[e] = o_row[e] + pc[2 + e] * w
+        if total == 0:                            # fully masked: output 0, lse -inf
+            for e in range(Ev):
+                o_row[e] = 0
+            lse[r] = <floating>-CYATTN_INF
+            continue
+        w = <floating>1 / total
+        for e in range(Ev):
+            o_row[e] = o_row[e] * w
+        lse[r] = m + <floating>log(total)
+
+
+cdef void attention_decode_impl(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
+                                const floating* k, const int64_t* k_off, Py_ssize_t k_rs,
+                                const floating* v, const int64_t* v_off, Py_ssize_t v_rs,
+                                const uint8_t* bmask, const floating* amask,
+                                const int64_t* m_off, Py_ssize_t m_rs, Py_ssize_t m_cs,
+                                floating* out, floating* lse,
+                                Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E,
+                                Py_ssize_t Ev, floating scale, bint causal,
+                                Py_ssize_t causal_off, int n_threads, int* status) noexcept nogil:
+    """Attention for a few query rows against many keys (decode with a KV cache).
+
+    S is split into chunks of DECODE_CHUNK keys, a number that does not depend on the thread
+    count. Tasks (batch entry, chunk) run in parallel, each streaming its keys and values
+    once and leaving a partial (max, sum, accumulator) per query row; the partials are then
+    merged per batch entry in chunk order, so results are bit-identical for any thread count.
+    Rows whose result is not finite are redone by the two-pass path.
+    """
+    cdef Py_ssize_t s_used = S
+    cdef Py_ssize_t chunks, ntasks
+    if causal:                                    # keys past the last row's limit are unused
+        s_used = L + causal_off
+        s_used = S if s_used > S else (0 if s_used < 0 else s_used)
+    chunks = (s_used + DECODE_CHUNK - 1) // DECODE_CHUNK
+    ntasks = batch * chunks
+    cdef Py_ssize_t stride = L * (Ev + 2)
+    cdef Py_ssize_t t, bi, c, j0, kb, mo
+    cdef floating* parts
+    cdef floating* scores
+    cdef void* raw
+    if ntasks <= 0:                               # no key is visible: fully masked rows
+        for t in range(batch * L):
+            lse[t] = <floating>-CYATTN_INF
+        memset(out, 0, <size_t>(batch * L * Ev) * sizeof(floating))
+        return
+    parts = <floating*>malloc(<size_t>(ntasks * stride) * sizeof(floating))
+    if parts == NULL:
+        status[0] = 1
         return
     with parallel(num_threads=n_threads):
+        raw = malloc(<size_t>(L * DECODE_CHUNK) * sizeof(floating) + ALIGN)
         scores = NULL
-        p_packed = NULL
-        q_packed = NULL
-        kt_packed = NULL
-        v_packed = NULL
-        cache = NULL
-        raw = malloc(bytes_s + bytes_p + bytes_q + bytes_kt + bytes_v + 6 * ALIGN)
         if raw == NULL:
             status[0] = 1
         else:
-            cache = <int64_t*>align_ptr(raw)
-            cache[0] = -1
-            cache[1] = -1
-            cache[2] = 0
-            scores = <floating*>align_ptr(<char*>cache + 3 * sizeof(int64_t))
-            p_packed = <floating*>align_ptr(<char*>scores + bytes_s)
-            q_packed = <floating*>align_ptr(<char*>p_packed + bytes_p)
-            kt_packed = <floating*>align_ptr(<char*>q_packed + bytes_q)
-            v_packed = <floating*>align_ptr(<char*>kt_packed + bytes_kt)
+            scores = <floating*>align_ptr(raw)
         for t in prange(ntasks, schedule='static'):
             if raw != NULL:
-                bi = t // qblocks
-                qb = t % qblocks
-                i0 = qb * QB
-                rows = L - i0 if L - i0 < QB else QB
+                bi = t // chunks
+                c = t % chunks
+                j0 = c * DECODE_CHUNK
+                kb = s_used - j0 if s_used - j0 < DECODE_CHUNK else DECODE_CHUNK
                 mo = m_off[bi] if m_off != NULL else 0
-                if S > 0 and (k_off[bi] != cache[0] or v_off[bi] != cache[1]):
-                    # K^T: (E x S) with unit stride along E when K is row-major
-                    pack_b(E, S, k + k_off[bi], k_cs, k_rs, kt_packed, nr)
-                    pack_b(S, Ev, v + v_off[bi], v_rs, v_cs, v_packed, nr)
-                    cache[0] = k_off[bi]
-                    cache[1] = v_off[bi]
-                    cache[2] = has_nonfinite(v + v_off[bi], S, Ev, v_rs, v_cs)
-                attention_task(q + q_off[bi], q_rs, q_cs, kt_packed, v_packed,
-                               bmask + mo if bmask != NULL else NULL,
-                               amask + mo if amask != NULL else NULL,
-                               m_rs, m_cs,
-                               out + (bi * L + i0) * Ev, lse + bi * L + i0,
-                               i0, rows, S, E, Ev, scale, causal, causal_off,
-                               v + v_off[bi], v_rs, v_cs, cache[2] != 0,
-                               scores, ld_scores, q_packed, p_packed)
+                decode_chunk(q + q_off[bi], q_rs, k + k_off[bi], k_rs, v + v_off[bi], v_rs,
+                             bmask + mo if bmask != NULL else NULL,
+                             amask + mo if amask != NULL else NULL, m_rs, m_cs,
+                             L, j0, kb, E, Ev, scale, causal, causal_off,
+                             scores, parts + t * stride)
         free(raw)
+    if status[0]:
+        free(parts)
+        return
+    for bi in prange(batch, num_threads=n_threads, schedule='static'):
+        decode_merge(parts + bi * chunks * stride, chunks, L, Ev,
+                     out + bi * L * Ev, lse + bi * L)
+        mo = m_off[bi] if m_off != NULL else 0
+        if redo_nonfinite_rows(q + q_off[bi], q_rs, 1, k + k_off[bi], k_rs, 1,
+                               v + v_off[bi], v_rs, 1,
+                               bmask + mo if bmask != NULL else NULL,
+                               amask + mo if amask != NULL else NULL, m_rs, m_cs,
+                               out + bi * L * Ev, lse + bi * L,
+                               0, L, S, E, Ev, scale, causal, causal_off):
+            status[0] = 1
+    free(parts)
 
 
 # ------------------------------------------------------------------------------------------
@@ -946,12 +1540,13 @@ def matmul_accumulate(a, const int64_t[::1] a_off, Py_ssize_t rsa, Py_ssize_t cs
     cdef Py_ssize_t batch = c_off.shape[0]
     cdef Py_ssize_t tile_m, tile_n, tiles
     cdef bint dbl
-    # Output tiles: MC x NC, split further along N (in NR steps) until every thread has work.
+    cdef Py_ssize_t nr = NRD if a.itemsize == 8 else NR
+    # Output tiles: MC x NC, split further along N (in nr steps) until every thread has work.
     tile_m = MC
-    tile_n = round_up(N if N < NC else NC, NR)
+    tile_n = round_up(N if N < NC else NC, nr)
     tiles = batch * ((M + tile_m - 1) // tile_m) * ((N + tile_n - 1) // tile_n)
-    while tiles < 2 * n_threads and tile_n > NR:
-        tile_n = round_up(tile_n // 2, NR)
+    while tiles < 2 * n_threads and tile_n > nr:
+        tile_n = round_up(tile_n // 2, nr)
         tiles = batch * ((M + tile_m - 1) // tile_m) * ((N + tile_n - 1) // tile_n)
     if n_threads > tiles:
         n_threads = <int>(tiles if tiles > 0 else 1)
@@ -984,6 +1579,168 @@ def matmul_accumulate(a, const int64_t[::1] a_off, Py_ssize_t rsa, Py_ssize_t cs
         raise MemoryError("cyattn.matmul_accumulate: could not allocate packing buffers")
 
 
+cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
+                       Py_ssize_t q_rs, Py_ssize_t q_cs,
+                       const char* kp, const int64_t* k_off, Py_ssize_t k_rs, Py_ssize_t k_cs,
+                       const char* vp, const int64_t* v_off, Py_ssize_t v_rs, Py_ssize_t v_cs,
+                       const char* mp, int mask_kind, const int64_t* mo,
+                       Py_ssize_t m_rs, Py_ssize_t m_cs,
+                       char* op, char* lp, Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S,
+                       Py_ssize_t E, Py_ssize_t Ev, double scale, bint causal,
+                       Py_ssize_t causal_off, int n_threads) noexcept nogil:
+    """Pick the attention path and run it; 0, or 1 if scratch could not be allocated.
+
+    A few query rows against many keys (unit-stride rows) take the decode path, parallel over
+    key chunks; everything else the fused path. The choice depends only on the shapes, never
+    on the thread count, and neither does any result.
+    """
+    cdef int status = 0
+    cdef Py_ssize_t qg = QG
+    cdef Py_ssize_t tasks = batch * ((L + qg - 1) // qg)
+    cdef bint decode = (0 < L <= DECODE_MAX_L and S >= DECODE_MIN_S
+                        and q_cs == 1 and k_cs == 1 and v_cs == 1)
+    if decode:
+        tasks = batch * ((S + DECODE_CHUNK - 1) // DECODE_CHUNK)
+    # Smaller query groups when there are too few tasks to keep the threads busy (every row
+    # is computed the same way in any group).
+    while not decode and qg > 64 and tasks < 2 * n_threads:
+        qg //= 2
+        tasks = batch * ((L + qg - 1) // qg)
+    if n_threads > tasks:
+        n_threads = <int>(tasks if tasks > 0 else 1)
+    if decode:
+        if dbl:
+            attention_decode_impl(<const double*>qp, q_off, q_rs, <const double*>kp, k_off, k_rs,
+                                  <const double*>vp, v_off, v_rs,
+                                  <const uint8_t*>mp if mask_kind == 1 else NULL,
+                                  <const double*>mp if mask_kind == 2 else NULL,
+                                  mo, m_rs, m_cs, <double*>op, <double*>lp,
+                                  batch, L, S, E, Ev, scale, causal, causal_off,
+                                  n_threads, &status)
+        else:
+            attention_decode_impl(<const float*>qp, q_off, q_rs, <const float*>kp, k_off, k_rs,
+                                  <const float*>vp, v_off, v_rs,
+                                  <const uint8_t*>mp if mask_kind == 1 else NULL,
+                                  <const float*>mp if mask_kind == 2 else NULL,
+                                  mo, m_rs, m_cs, <float*>op, <float*>lp,
+                                  batch, L, S, E, Ev, <float>scale, causal, causal_off,
+                                  n_threads, &status)
+    elif dbl:
+        attention_impl(<const double*>qp, q_off, q_rs, q_cs, <const double*>kp, k_off, k_rs, k_cs,
+                       <const double*>vp, v_off, v_rs, v_cs,
+                       <const uint8_t*>mp if mask_kind == 1 else NULL,
+                       <const double*>mp if mask_kind == 2 else NULL,
+                       mo, m_rs, m_cs, <double*>op, <double*>lp,
+                       batch, L, S, E, Ev, scale, causal, causal_off, qg, n_threads, &status)
+    else:
+        attention_impl(<const float*>qp, q_off, q_rs, q_cs, <const float*>kp, k_off, k_rs, k_cs,
+                       <const float*>vp, v_off, v_rs, v_cs,
+                       <const uint8_t*>mp if mask_kind == 1 else NULL,
+                       <const float*>mp if mask_kind == 2 else NULL,
+                       mo, m_rs, m_cs, <float*>op, <float*>lp,
+                       batch, L, S, E, Ev, <float>scale, causal, causal_off, qg, n_threads,
+                       &status)
+    return status
+
+
+cdef inline int _float_code(const Py_buffer* view) noexcept:
+    """4 for a native float32 buffer, 8 for float64, 0 for anything else."""
+    cdef const char* fmt = view.format
+    if fmt == NULL or fmt[0] == 0 or fmt[1] != 0:
+        return 0
+    if fmt[0] == b'f' and view.itemsize == 4:
+        return 4
+    if fmt[0] == b'd' and view.itemsize == 8:
+        return 8
+    return 0
+
+
+cdef inline bint _disjoint(const Py_buffer* x, const Py_buffer* y) noexcept:
+    cdef uintptr_t x0 = <uintptr_t>x.buf
+    cdef uintptr_t y0 = <uintptr_t>y.buf
+    return x0 + <uintptr_t>x.len <= y0 or y0 + <uintptr_t>y.len <= x0
+
+
+cdef inline bint _get_contiguous(object obj, Py_buffer* view, bint writable):
+    """Acquire a C-contiguous, formatted buffer of obj; False (no exception) if it has none."""
+    cdef int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT
+    if writable:
+        flags |= PyBUF_WRITABLE
+    try:
+        PyObject_GetBuffer(obj, view, flags)
+    except Exception:
+        return False
+    return True
+
+
+def matmul_fast(a, b, out, double alpha, int n_threads):
+    """out += alpha * a @ b if a (M, K), b (K, N) and out (M, N) are C-contiguous, aligned,
+    non-empty 2-D arrays of one native float dtype and out is writable and disjoint from both;
+    returns False without touching anything otherwise. The low-overhead path of
+    matmul_accumulate: one pass of checks on the buffers, no offset arrays."""
+    cdef Py_buffer av, bv, cv
+    cdef int status = 0, code
+    cdef int64_t zero = 0
+    cdef Py_ssize_t M, N, K, tile_m, tile_n, tiles, nr
+    cdef bint ok = False
+    if not _get_contiguous(a, &av, False):
+        return False
+    try:
+        if not _get_contiguous(b, &bv, False):
+            return False
+        try:
+            if not _get_contiguous(out, &cv, True):
+                return False
+            try:
+                code = _float_code(&cv)
+                if (code == 0 or _float_code(&av) != code or _float_code(&bv) != code
+                        or av.ndim != 2 or bv.ndim != 2 or cv.ndim != 2):
+                    return False
+                M = av.shape[0]
+                K = av.shape[1]
+                N = bv.shape[1]
+                if (bv.shape[0] != K or cv.shape[0] != M or cv.shape[1] != N
+                        or M == 0 or N == 0 or K == 0
+                        or <uintptr_t>av.buf % code or <uintptr_t>bv.buf % code
+                        or <uintptr_t>cv.buf % code
+                        or not _disjoint(&cv, &av) or not _disjoint(&cv, &bv)):
+                    return False
+                nr = NRD if code == 8 else NR
+                tile_m = MC
+                tile_n = round_up(N if N < NC else NC, nr)
+                tiles = ((M + tile_m - 1) // tile_m) * ((N + tile_n - 1) // tile_n)
+                while tiles < 2 * n_threads and tile_n > nr:
+                    tile_n = round_up(tile_n // 2, nr)
+                    tiles = ((M + tile_m - 1) // tile_m) * ((N + tile_n - 1) // tile_n)
+                if n_threads > tiles:
+                    n_threads = <int>tiles
+                if n_threads > (M * N * K) >> 18:     # small products run on fewer threads
+                    n_threads = <int>((M * N * K) >> 18)
+                if n_threads < 1:
+                    n_threads = 1
+                with nogil:
+                    if code == 8:
+                        matmul_tasks_impl(<const double*>av.buf, &zero, K, 1,
+                                          <const double*>bv.buf, &zero, N, 1,
+                                          <double*>cv.buf, &zero, N, 1, 1, M, N, K,
+                                          alpha, tile_m, tile_n, n_threads, &status)
+                    else:
+                        matmul_tasks_impl(<const float*>av.buf, &zero, K, 1,
+                                          <const float*>bv.buf, &zero, N, 1,
+                                          <float*>cv.buf, &zero, N, 1, 1, M, N, K,
+                                          <float>alpha, tile_m, tile_n, n_threads, &status)
+                ok = True
+            finally:
+                PyBuffer_Release(&cv)
+        finally:
+            PyBuffer_Release(&bv)
+    finally:
+        PyBuffer_Release(&av)
+    if status:
+        raise MemoryError("cyattn.matmul_accumulate: could not allocate packing buffers")
+    return ok
+
+
 def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
               k, const int64_t[::1] k_off, Py_ssize_t k_rs, Py_ssize_t k_cs,
               v, const int64_t[::1] v_off, Py_ssize_t v_rs, Py_ssize_t v_cs,
@@ -992,26 +1749,16 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
               double scale, bint causal, Py_ssize_t causal_off, int n_threads):
     """Scaled dot-product attention for `batch = len(q_off)` independent (L, S) problems.
 
+    q, k, v, mask are addressed by element offsets per batch entry and element strides.
     out: C-contiguous (batch, L, Ev); lse: C-contiguous (batch, L); both of the data dtype.
     mask_kind: 0 none, 1 bool (uint8, True = keep), 2 additive (data dtype).
     """
     cdef Py_buffer qv, kv, vv, mv, ov, lv
-    cdef char* qp
-    cdef char* kp
-    cdef char* vp
     cdef char* mp = NULL
-    cdef char* op
-    cdef char* lp
     cdef const int64_t* mo = NULL
     cdef int status = 0
-    cdef Py_ssize_t batch = q_off.shape[0]
-    cdef Py_ssize_t tasks = batch * ((L + QB - 1) // QB)
-    cdef bint dbl
-    if n_threads > tasks:
-        n_threads = <int>(tasks if tasks > 0 else 1)
-    qp = _buf(q, &qv, False)
+    cdef char* qp = _buf(q, &qv, False)
     try:
-        dbl = qv.itemsize == 8
         kp = _buf(k, &kv, False)
         try:
             vp = _buf(v, &vv, False)
@@ -1025,24 +1772,11 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
                         lp = _buf(lse, &lv, True)
                         try:
                             with nogil:
-                                if dbl:
-                                    attention_impl(<const double*>qp, &q_off[0], q_rs, q_cs,
-                                                   <const double*>kp, &k_off[0], k_rs, k_cs,
-                                                   <const double*>vp, &v_off[0], v_rs, v_cs,
-                                                   <const uint8_t*>mp if mask_kind == 1 else NULL,
-                                                   <const double*>mp if mask_kind == 2 else NULL,
-                                                   mo, m_rs, m_cs, <double*>op, <double*>lp,
-                                                   batch, L, S, E, Ev, scale, causal, causal_off,
-                                                   n_threads, &status)
-                                else:
-                                    attention_impl(<const float*>qp, &q_off[0], q_rs, q_cs,
-                                                   <const float*>kp, &k_off[0], k_rs, k_cs,
-                                                   <const float*>vp, &v_off[0], v_rs, v_cs,
-                                                   <const uint8_t*>mp if mask_kind == 1 else NULL,
-                                                   <const float*>mp if mask_kind == 2 else NULL,
-                                                   mo, m_rs, m_cs, <float*>op, <float*>lp,
-                                                   batch, L, S, E, Ev, <float>scale, causal,
-                                                   causal_off, n_threads, &status)
+                                status = attention_run(
+                                    qv.itemsize == 8, qp, &q_off[0], q_rs, q_cs,
+                                    kp, &k_off[0], k_rs, k_cs, vp, &v_off[0], v_rs, v_cs,
+                                    mp, mask_kind, mo, m_rs, m_cs, op, lp, q_off.shape[0],
+                                    L, S, E, Ev, scale, causal, causal_off, n_threads)
                         finally:
                             PyBuffer_Release(&lv)
                     finally:
@@ -1058,3 +1792,114 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
         PyBuffer_Release(&qv)
     if status:
         raise MemoryError("cyattn.scaled_dot_product_attention: could not allocate scratch")
+
+
+def attention_fast(q, k, v, scale, bint causal, bint bottom_right, int n_threads, empty):
+    """Attention without a mask for C-contiguous, aligned q (..., L, E), k (..., S, E) and
+    v (..., S, Ev) of one native float dtype, equal batch shapes and L, S, E, Ev > 0: returns
+    (out, lse), both allocated by ``empty(shape, dtype)``, or None without doing anything if
+    the inputs are not of that kind. ``scale`` is a float or None (1 / sqrt(E)). The
+    low-overhead path of scaled_dot_product_attention: one pass of checks on the buffers."""
+    cdef Py_buffer qv, kv, vv, ov, lv
+    cdef int status = 0, code, d, nd
+    cdef Py_ssize_t batch = 1, bi, L, S, E, Ev, work
+    cdef double scale_value
+    cdef int64_t* offs
+    cdef object res = None, lse = None
+    if not _get_contiguous(q, &qv, False):
+        return None
+    try:
+        if not _get_contiguous(k, &kv, False):
+            return None
+        try:
+            if not _get_contiguous(v, &vv, False):
+                return None
+            try:
+                code = _float_code(&qv)
+                nd = qv.ndim
+                if (code == 0 or _float_code(&kv) != code or _float_code(&vv) != code
+                        or nd < 2 or kv.ndim != nd or vv.ndim != nd
+                        or <uintptr_t>qv.buf % code or <uintptr_t>kv.buf % code
+                        or <uintptr_t>vv.buf % code):
+                    return None
+                for d in range(nd - 2):
+                    if kv.shape[d] != qv.shape[d] or vv.shape[d] != qv.shape[d]:
+                        return None
+                    batch *= qv.shape[d]
+                L = qv.shape[nd - 2]
+                E = qv.shape[nd - 1]
+                S = kv.shape[nd - 2]
+                Ev = vv.shape[nd - 1]
+                if (kv.shape[nd - 1] != E or vv.shape[nd - 2] != S
+                        or batch == 0 or L == 0 or S == 0 or E == 0 or Ev == 0):
+                    return None
+                scale_value = 1.0 / sqrt(<double>E) if scale is None else <double>scale
+                work = batch * L * S * (E + Ev + 8)        # small calls run on fewer threads
+                if n_threads > (work >> 18):
+                    n_threads = <int>(work >> 18) if (work >> 18) > 0 else 1
+                shape = tuple([qv.shape[d] for d in range(nd - 1)])
+                dtype = "float64" if code == 8 else "float32"
+                res = empty(shape + (Ev,), dtype)
+                lse = empty(shape, dtype)
+                offs = <int64_t*>malloc(<size_t>(3 * batch) * sizeof(int64_t))
+                if offs == NULL:
+                    raise MemoryError("cyattn.scaled_dot_product_attention: could not "
+                                      "allocate scratch")
+                for bi in range(batch):
+                    offs[bi] = bi * L * E
+                    offs[batch + bi] = bi * S * E
+                    offs[2 * batch + bi] = bi * S * Ev
+                try:
+                    PyObject_GetBuffer(res, &ov, PyBUF_RECORDS)
+                    try:
+                        PyObject_GetBuffer(lse, &lv, PyBUF_RECORDS)
+                        try:
+                            with nogil:
+                                status = attention_run(
+                                    code == 8, <const char*>qv.buf, offs, E, 1,
+                                    <const char*>kv.buf, offs + batch, E, 1,
+                                    <const char*>vv.buf, offs + 2 * batch, Ev, 1,
+                                    NULL, 0, NULL, 0, 0, <char*>ov.buf, <char*>lv.buf,
+                                    batch, L, S, E, Ev, scale_value, causal,
+                                    (S - L) if bottom_right else 0, n_threads)
+                        finally:
+                            PyBuffer_Release(&lv)
+                    finally:
+                        PyBuffer_Release(&ov)
+                finally:
+                    free(offs)
+            finally:
+                PyBuffer_Release(&vv)
+        finally:
+            PyBuffer_Release(&kv)
+    finally:
+        PyBuffer_Release(&qv)
+    if status:
+        raise MemoryError("cyattn.scaled_dot_product_attention: could not allocate scratch")
+    return res, lse
+
+
+cdef enum:
+    PROBE_LANES = 192  # independent multiply-add chains of the FMA peak probe
+
+
+def fma_probe(Py_ssize_t iters):
+    """Run ``iters`` rounds of PROBE_LANES independent float32 multiply-adds (one thread).
+
+    Returns ``(flops, checksum)``. The bench times it to estimate the core's FMA peak: the
+    chains are independent, so the loop is bound by the FMA units, not by their latency.
+    """
+    cdef float acc[PROBE_LANES]
+    cdef float mul = <float>0.999999
+    cdef float add = <float>1e-7
+    cdef Py_ssize_t it, j
+    cdef double checksum = 0.0
+    with nogil:
+        for j in range(PROBE_LANES):
+            acc[j] = <float>j * <float>1e-3
+        for it in range(iters):
+            for j in range(PROBE_LANES):
+                acc[j] = acc[j] * mul + add
+        for j in range(PROBE_LANES):
+            checksum += acc[j]
+    return 2 * iters * PROBE_LANES, checksum

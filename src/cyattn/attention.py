@@ -10,6 +10,37 @@ __all__ = ["scaled_dot_product_attention"]
 
 _FNAME = "cyattn.scaled_dot_product_attention"
 _ALIGNMENTS = ("top_left", "bottom_right")
+_ndarray = np.ndarray
+_empty = np.empty
+
+
+def _fast_call(query, key, value, is_causal, scale, causal_alignment, return_lse, n_threads):
+    """The common call without a mask, GQA or ``out``: C-contiguous, aligned float32/float64
+    arrays of one dtype and equal batch shapes, plain Python options. The kernel module checks
+    the buffers in one pass and allocates the results; None means the call must take the
+    general path (which also produces every error message)."""
+    if not (type(query) is _ndarray and type(key) is _ndarray and type(value) is _ndarray
+            and (is_causal is False or is_causal is True)
+            and (return_lse is False or return_lse is True)
+            and (scale is None or (type(scale) is float and scale - scale == 0.0))):
+        return None
+    if causal_alignment == "top_left":
+        bottom_right = False
+    elif causal_alignment == "bottom_right":
+        bottom_right = True
+    else:
+        return None
+    if n_threads is None:
+        n_threads = _backend.max_threads()
+    elif type(n_threads) is not int or not 0 < n_threads < 65536:
+        return None
+    elif _backend._forked_child:
+        n_threads = 1
+    res = _backend.kernels.attention_fast(query, key, value, scale, is_causal, bottom_right,
+                                          n_threads, _empty)
+    if res is None or return_lse:
+        return res
+    return res[0]
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
@@ -81,12 +112,23 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     ``-inf``) is *fully masked*: its output is 0 and its lse ``-inf``, never NaN, without a
     warning. A NaN or ``+inf`` score in a permitted position makes that row NaN. A key whose
     weight is exactly 0 is never read into the output, so NaN or inf in masked-out values
-    cannot leak. The L x S scores are formed one block of 64 query rows at a time in per-thread
-    scratch; tasks (batch x head x query block) run in parallel and results are bit-identical
-    for any thread count. The GIL is released while the kernel runs.
+    cannot leak.
 
-    Source: Vaswani et al., "Attention Is All You Need", NeurIPS 2017 (eq. 1); the masking
-    and fully-masked-row semantics follow PyTorch >= 2.5 ``scaled_dot_product_attention``.
+    The L x S score matrix is never formed: the kernel walks the keys in blocks of 256 with an
+    online softmax (running row maximum and sum), so its extra memory is a few hundred KiB per
+    thread whatever L and S are. Key blocks that ``is_causal`` or an all-False bool mask
+    removes are skipped. With at most 4 query rows and at least 1024 keys (decoding with a KV
+    cache) the keys are split into fixed chunks of 512 processed in parallel and merged in
+    order. Rows whose result is not finite are recomputed by a two-pass method (scores of the
+    row materialised, weights normalised before they multiply ``value``), which gives the
+    results described above and keeps a weighted sum of huge finite values from overflowing.
+    Tasks (batch x head x query block, or key chunk) run in parallel; results are
+    bit-identical for any thread count. The GIL is released while the kernel runs.
+
+    Source: Vaswani et al., "Attention Is All You Need", NeurIPS 2017 (eq. 1); online softmax:
+    Milakov and Gimelshein, "Online normalizer calculation for softmax", 2018; tiling: Dao et
+    al., "FlashAttention", NeurIPS 2022. The masking and fully-masked-row semantics follow
+    PyTorch >= 2.5 ``scaled_dot_product_attention``.
 
     Examples
     --------
@@ -99,6 +141,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     >>> cyattn.scaled_dot_product_attention(q, k, v, mask)
     array([[0., 0.]])
     """
+    if attn_mask is None and out is None and enable_gqa is False:
+        fast = _fast_call(query, key, value, is_causal, scale, causal_alignment, return_lse,
+                          n_threads)
+        if fast is not None:
+            return fast
     f = _FNAME
     query = V.as_float_array(query, "query", f)
     key = V.as_float_array(key, "key", f)

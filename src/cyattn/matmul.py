@@ -11,6 +11,28 @@ __all__ = ["matmul_accumulate"]
 _FNAME = "cyattn.matmul_accumulate"
 
 
+_ndarray = np.ndarray
+
+
+def _fast_call(a, b, out, alpha, n_threads):
+    """The common call: C-contiguous, aligned, non-empty 2-D float32/float64 arrays of one
+    dtype, a writable ``out`` that overlaps neither input, a finite ``alpha``, a positive or
+    default ``n_threads``. The kernel module checks the buffers in one pass; False means the
+    general path must run (and produce any error message)."""
+    if type(alpha) is int and -(1 << 62) < alpha < (1 << 62):
+        alpha = float(alpha)
+    if not (type(a) is _ndarray and type(b) is _ndarray and type(out) is _ndarray
+            and type(alpha) is float and alpha - alpha == 0.0):
+        return False
+    if n_threads is None:
+        n_threads = _backend.max_threads()
+    elif type(n_threads) is not int or not 0 < n_threads < 65536:
+        return False
+    elif _backend._forked_child:
+        n_threads = 1
+    return _backend.kernels.matmul_fast(a, b, out, alpha, n_threads)
+
+
 def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
     r"""Accumulate a matrix product in place: ``out += alpha * (a @ b)``.
 
@@ -60,6 +82,8 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
     array([[2., 3.],
            [4., 5.]])
     """
+    if _fast_call(a, b, out, alpha, n_threads):
+        return out
     a = V.as_float_array(a, "a", _FNAME)
     b = V.as_float_array(b, "b", _FNAME)
     if not isinstance(out, np.ndarray):

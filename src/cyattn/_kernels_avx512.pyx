@@ -1,0 +1,17 @@
+# cython: language_level=3
+# The avx512 variant of cyattn's kernels: the shared source compiled with this variant's flags
+# (see setup.py). Only cyattn._backend imports this module.
+
+VARIANT = "avx512"
+
+# Micro-kernel tiles and blocking for this variant (see the design notes in _kernels_impl.pxi).
+cdef enum:
+    MR = 8              # float32 micro-kernel rows
+    NR = 32            # float32 micro-kernel columns (> 16 trips: see PERF-NOTES)
+    MRD = 8            # float64 micro-kernel rows
+    NRD = 24           # float64 micro-kernel columns
+    MC = 144          # rows of A packed at once (a multiple of MR and MRD)
+    NC = 4032         # columns of B packed at once (a multiple of NR and NRD)
+    NR_MAX = 32        # the wider of NR and NRD: panel buffers are sized for it
+
+include "_kernels_impl.pxi"

@@ -1,0 +1,197 @@
+"""The attention kernel's internal paths, each against the float64 NumPy reference:
+
+* the fused online-softmax path over several key blocks (KB = 256 keys) and query groups
+  (up to 256 rows), with causal block skipping in both alignments and bool-mask block skipping;
+* the decode path (L <= 4 query rows, S >= 1024 keys, split into fixed chunks of 512 keys);
+* the two-pass path that redoes rows whose fused result is not finite (huge finite values,
+  NaN, inf), which must give the documented results and leave the other rows untouched.
+
+Sizes are chosen to land on and either side of the block, group and chunk boundaries.
+"""
+import numpy as np
+import pytest
+from conftest import assert_close, numpy_sdpa
+
+import cyattn
+
+sdpa = cyattn.scaled_dot_product_attention
+DTYPES = [np.float32, np.float64]
+
+
+def _qkv(rng, B, H, L, S, E, Ev=None, dtype=np.float32, Hk=None):
+    Ev = E if Ev is None else Ev
+    Hk = H if Hk is None else Hk
+    q = rng.standard_normal((B, H, L, E)).astype(dtype)
+    k = rng.standard_normal((B, Hk, S, E)).astype(dtype)
+    v = rng.standard_normal((B, Hk, S, Ev)).astype(dtype)
+    return q, k, v
+
+
+def _check(q, k, v, mask=None, **kw):
+    out, lse = sdpa(q, k, v, mask, return_lse=True, **kw)
+    kw.pop("n_threads", None)
+    ref, ref_lse = numpy_sdpa(q, k, v, mask, **kw)
+    S = k.shape[-2]
+    assert_close(out, ref, q.dtype, k=S)
+    assert_close(lse, ref_lse, q.dtype, k=S)
+    return out, lse
+
+
+# ------------------------------------------------------------------------------------------
+# fused path: key blocks, query groups, causal and mask block skipping
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("L,S", [(1, 255), (5, 256), (33, 257), (255, 513), (257, 700),
+                                 (300, 300), (513, 129), (64, 1000)])
+def test_fused_blocks_dense(variant, dtype, L, S):
+    rng = np.random.default_rng(L * 1000 + S)
+    _check(*_qkv(rng, 1, 2, L, S, 24, 40, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("L,S", [(300, 300), (257, 700), (700, 257), (520, 520), (40, 600)])
+def test_fused_causal_block_skipping(variant, dtype, align, L, S):
+    rng = np.random.default_rng(L + 7 * S)
+    q, k, v = _qkv(rng, 1, 2, L, S, 16, 8, dtype)
+    out, lse = _check(q, k, v, is_causal=True, causal_alignment=align)
+    if align == "bottom_right" and L > S:          # the first L - S rows see no key
+        assert np.all(out[..., : L - S, :] == 0) and np.all(lse[..., : L - S] == -np.inf)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_fused_padding_mask_skips_whole_blocks(variant, dtype):
+    rng = np.random.default_rng(3)
+    q, k, v = _qkv(rng, 2, 3, 300, 900, 16, dtype=dtype)
+    keep = np.ones((2, 1, 1, 900), dtype=bool)
+    keep[0, ..., 250:] = False                     # blocks 1-3 of batch 0 are skipped
+    keep[1, ..., 256:512] = False                  # exactly block 1 of batch 1
+    k[0, :, 600:] = np.nan                         # never read: skipped with its block
+    v[1, :, 300:400] = np.inf
+    out = sdpa(q, k, v, keep)
+    k_ref, v_ref = k.copy(), v.copy()
+    k_ref[0, :, 600:] = 0
+    v_ref[1, :, 300:400] = 0
+    ref, _ = numpy_sdpa(q, k_ref, v_ref, keep)
+    assert_close(out, ref, dtype, k=900)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_fused_general_masks_and_gqa(variant, dtype):
+    rng = np.random.default_rng(5)
+    q, k, v = _qkv(rng, 2, 4, 270, 530, 8, 12, dtype, Hk=2)
+    keep = rng.random((2, 4, 270, 530)) < 0.3
+    keep[0, 1, 17] = False                         # a fully masked row
+    keep[1, :, :, 256:512] = False                 # a block masked for every row
+    _check(q, k, v, keep, enable_gqa=True, is_causal=True, causal_alignment="bottom_right")
+    add = np.where(keep, rng.standard_normal(keep.shape), -np.inf).astype(dtype)
+    _check(q, k, v, add, enable_gqa=True, is_causal=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_fused_strided_inputs(variant, dtype):
+    rng = np.random.default_rng(9)
+    q, k, v = _qkv(rng, 1, 3, 280, 600, 20, dtype=dtype)
+    qs = np.asfortranarray(q)
+    ks = k[..., ::-1, :]
+    vs = np.swapaxes(np.ascontiguousarray(np.swapaxes(v, -1, -2)), -1, -2)
+    _check(qs, ks, vs, is_causal=True)
+
+
+# ------------------------------------------------------------------------------------------
+# decode path
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("L", [1, 2, 4, 5])
+@pytest.mark.parametrize("S", [1024, 1537, 4097])
+def test_decode_dense(variant, dtype, L, S):
+    rng = np.random.default_rng(L * S)
+    _check(*_qkv(rng, 2, 3, L, S, 64, 32, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+def test_decode_causal_masks_gqa(variant, dtype, align):
+    rng = np.random.default_rng(11)
+    q, k, v = _qkv(rng, 2, 4, 3, 2000, 40, 24, dtype, Hk=2)
+    keep = rng.random((2, 1, 3, 2000)) < 0.5
+    keep[0, 0, 1] = False                          # a fully masked row
+    _check(q, k, v, keep, is_causal=True, causal_alignment=align, enable_gqa=True)
+    add = np.where(keep, -3.0, -np.inf).astype(dtype)
+    add[1, 0, 2, :700] = 5.0
+    _check(q, k, v, add, causal_alignment=align, enable_gqa=True)
+    _check(q, k, v, is_causal=True, causal_alignment=align, enable_gqa=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_decode_fully_masked_and_nan_rules(variant, dtype):
+    rng = np.random.default_rng(12)
+    q, k, v = _qkv(rng, 1, 2, 2, 3000, 16, dtype=dtype)
+    keep = np.ones((1, 2, 2, 3000), dtype=bool)
+    keep[0, 0, 0] = False                          # fully masked row
+    keep[0, 1, :, 1000:2100] = False               # masked keys hold NaN/inf: never read
+    k[0, 1, 1000:2100] = np.nan
+    v[0, 1, 1500:1600] = np.inf
+    v[0, 1, 1600:1700] = np.nan
+    out, lse = sdpa(q, k, v, keep, return_lse=True)
+    assert np.all(out[0, 0, 0] == 0) and lse[0, 0, 0] == -np.inf
+    assert np.all(np.isfinite(out[0, 1])) and np.all(np.isfinite(lse[0, 1]))
+    k_ref, v_ref = k.copy(), v.copy()
+    k_ref[0, 1, 1000:2100] = 0
+    v_ref[0, 1, 1500:1700] = 0
+    ref, ref_lse = numpy_sdpa(q, k_ref, v_ref, keep)
+    assert_close(out, ref, dtype, k=3000)
+    assert_close(lse, ref_lse, dtype, k=3000)
+    # a NaN in a permitted position makes (only) its row NaN
+    q2 = q.copy()
+    q2[0, 0, 1, 3] = np.nan
+    out2 = sdpa(q2, k, v, keep)
+    assert np.all(np.isnan(out2[0, 0, 1]))
+    np.testing.assert_array_equal(out2[0, 1], out[0, 1])
+
+
+@pytest.mark.parametrize("path", ["fused", "decode"])
+def test_huge_finite_values_do_not_overflow(variant, path):
+    """Online softmax accumulates unnormalised weights; with values near float32's maximum
+    that sum overflows, and the rows are redone by the two-pass path, which normalises first."""
+    rng = np.random.default_rng(13)
+    L, S = (70, 600) if path == "fused" else (2, 1500)
+    q, k, v = _qkv(rng, 1, 1, L, S, 8, dtype=np.float32)
+    q *= 0.01                                      # nearly uniform weights
+    v[:] = 3.0e38
+    v[..., 1::2, :] = 2.0e38
+    out = sdpa(q, k, v)
+    assert np.all(np.isfinite(out))
+    ref, _ = numpy_sdpa(q, k, v)
+    np.testing.assert_allclose(out, ref, rtol=1e-5)
+
+
+@pytest.mark.parametrize("path", ["fused", "decode"])
+def test_nonfinite_rows_redo_leaves_other_rows_bit_identical(variant, path):
+    rng = np.random.default_rng(14)
+    L, S = (300, 700) if path == "fused" else (4, 2000)
+    q, k, v = _qkv(rng, 1, 2, L, S, 16, dtype=np.float32)
+    clean = sdpa(q, k, v, is_causal=True, causal_alignment="bottom_right")
+    q2 = q.copy()
+    q2[0, 1, L // 2, 0] = np.inf                   # +inf score (or NaN): that row is NaN
+    got = sdpa(q2, k, v, is_causal=True, causal_alignment="bottom_right")
+    assert np.all(np.isnan(got[0, 1, L // 2]))
+    mask = np.ones(got.shape[:-1], dtype=bool)
+    mask[0, 1, L // 2] = False
+    np.testing.assert_array_equal(got[mask], clean[mask])
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 2, 5000, 32), (2, 2, 300, 800, 16), (1, 1, 520, 520, 8)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_paths_bit_identical_for_any_thread_count(variant, shape, causal):
+    B, H, L, S, E = shape
+    rng = np.random.default_rng(15)
+    q, k, v = _qkv(rng, B, H, L, S, E, dtype=np.float32)
+    keep = rng.random((B, 1, 1, S)) < 0.9
+    ref = sdpa(q, k, v, keep, is_causal=causal, n_threads=1)
+    for n in (2, 3, -1):
+        np.testing.assert_array_equal(sdpa(q, k, v, keep, is_causal=causal, n_threads=n), ref)
+    # and a batch entry computed on its own
+    np.testing.assert_array_equal(sdpa(q[-1:], k[-1:], v[-1:], keep[-1:], is_causal=causal), ref[-1:])
