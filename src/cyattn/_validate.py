@@ -67,6 +67,8 @@ def prepare_mask(mask, name, fname, compute_dtype, bool_meaning="True = take par
     if arr.dtype == np.bool_:
         arr = arr if arr.flags.aligned else np.ascontiguousarray(arr)
         return 1, arr.view(np.uint8)
+    if arr.dtype.kind == "f" and not arr.dtype.isnative and arr.dtype.newbyteorder() in _FLOATS:
+        arr = arr.astype(arr.dtype.newbyteorder())           # byte-swapped floats: convert
     if arr.dtype in _FLOATS:
         if arr.dtype.itemsize > compute_dtype.itemsize:
             # Finite values beyond the compute dtype's range saturate at its largest finite
@@ -79,12 +81,22 @@ def prepare_mask(mask, name, fname, compute_dtype, bool_meaning="True = take par
                     f"explicitly with mask.astype(bool)")
 
 
+def broadcast_shapes(shapes, what, fname):
+    """``np.broadcast_shapes(*shapes)``, or None if they do not broadcast. Shapes that do
+    broadcast, but to more elements than an array can index, raise ValueError saying so."""
+    try:
+        return np.broadcast_shapes(*shapes)
+    except ValueError as exc:
+        if "too large" in str(exc):
+            raise ValueError(f"{fname}: {what} {', '.join(str(tuple(s)) for s in shapes)} "
+                             f"broadcast to more elements than an array can hold") from None
+        return None
+
+
 def broadcast_mask(mask, target_shape, name, fname):
     """A read-only view of ``mask`` broadcast to ``target_shape``; it may not enlarge it."""
-    try:
-        shape = np.broadcast_shapes(mask.shape, target_shape)
-    except ValueError:
-        shape = None
+    shape = broadcast_shapes((mask.shape, target_shape), f"the shapes of {name} and the scores",
+                             fname)
     if shape != tuple(target_shape):
         raise ValueError(f"{fname}: {name} has shape {mask.shape}, which does not broadcast to "
                          f"{tuple(target_shape)} without enlarging it")

@@ -221,11 +221,12 @@ def _batch_shape(query, key, value, enable_gqa):
     """Broadcast batch shape of the three inputs and the GQA head group size."""
     qb, kb, vb = query.shape[:-2], key.shape[:-2], value.shape[:-2]
     if not enable_gqa:
-        try:
-            return np.broadcast_shapes(qb, kb, vb), 1
-        except ValueError:
+        batch = V.broadcast_shapes((qb, kb, vb), "the batch dimensions of query, key and value",
+                                   _FNAME)
+        if batch is None:
             raise ValueError(f"{_FNAME}: batch dimensions of query {qb}, key {kb} and value "
-                             f"{vb} do not broadcast together") from None
+                             f"{vb} do not broadcast together")
+        return batch, 1
     if min(len(qb), len(kb), len(vb)) < 1:
         raise ValueError(f"{_FNAME}: enable_gqa needs a head dimension (axis -3) on query, key "
                          f"and value; got shapes {query.shape}, {key.shape}, {value.shape}")
@@ -234,9 +235,9 @@ def _batch_shape(query, key, value, enable_gqa):
         raise ValueError(f"{_FNAME}: with enable_gqa, key and value must have the same number "
                          f"of heads dividing the query's; got query {hq}, key {hk}, value {hv} "
                          f"heads")
-    try:
-        outer = np.broadcast_shapes(qb[:-1], kb[:-1], vb[:-1])
-    except ValueError:
+    outer = V.broadcast_shapes((qb[:-1], kb[:-1], vb[:-1]),
+                               "the batch dimensions of query, key and value", _FNAME)
+    if outer is None:
         raise ValueError(f"{_FNAME}: batch dimensions of query {qb[:-1]}, key {kb[:-1]} and "
-                         f"value {vb[:-1]} do not broadcast together") from None
+                         f"value {vb[:-1]} do not broadcast together")
     return outer + (hq,), hq // hk

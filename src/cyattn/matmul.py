@@ -99,10 +99,8 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
     if a.ndim == b.ndim == out.ndim == 2:
         batch = ()
     else:
-        try:
-            batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2], out.shape[:-2])
-        except ValueError:
-            batch = None
+        batch = V.broadcast_shapes((a.shape[:-2], b.shape[:-2], out.shape[:-2]),
+                                   "the batch dimensions of a, b and out", _FNAME)
     if batch != out.shape[:-2] or out.shape[-2:] != (M, N):
         raise ValueError(f"{_FNAME}: out has shape {out.shape}; a {a.shape} @ b {b.shape} "
                          f"needs out of shape (..., {M}, {N}) whose batch dims a's and b's "

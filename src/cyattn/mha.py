@@ -327,7 +327,13 @@ def multi_head_attention(query, key, value, *, num_heads, in_proj_weight=None,
         ignore = kpm_ignore if kpm_ignore is not None else am_ignore
     add = None
     if kpm_add is not None and am_add is not None:
-        add = am_add + kpm_add
+        # Two finite masks add to a finite mask: a sum beyond the dtype's range saturates at
+        # its largest finite value instead of overflowing to -inf (DESIGN 3.2), silently.
+        with np.errstate(over="ignore", invalid="ignore"):
+            add = am_add + kpm_add
+        info = np.finfo(add.dtype)
+        add = np.where(np.isfinite(am_add) & np.isfinite(kpm_add),
+                       np.clip(add, info.min, info.max), add)
     elif kpm_add is not None or am_add is not None:
         add = kpm_add if kpm_add is not None else am_add
     keep = None if ignore is None else ~ignore
