@@ -309,6 +309,46 @@ cdef floating softmax_inplace(floating* y, Py_ssize_t n, bint log_out) noexcept 
     return m + <floating>log(total)
 
 
+cdef floating row_exp_sum_to(const floating* x, floating* y, Py_ssize_t n,
+                             floating shift) noexcept nogil:
+    """y[j] = exp(x[j] - shift) for distinct rows x and y; returns the sum (as row_exp_sum)."""
+    cdef floating part[LANES]
+    cdef floating e, tail = 0
+    cdef Py_ssize_t j = 0, lane
+    for lane in range(LANES):
+        part[lane] = 0
+    while j + LANES <= n:
+        for lane in range(LANES):
+            e = exp_any(x[j + lane] - shift)
+            y[j + lane] = e
+            part[lane] += e
+        j += LANES
+    while j < n:
+        e = exp_any(x[j] - shift)
+        y[j] = e
+        tail += e
+        j += 1
+    lane = LANES // 2
+    while lane >= 1:
+        for j in range(lane):
+            part[j] += part[j + lane]
+        lane //= 2
+    return part[0] + tail
+
+
+cdef floating softmax_row_to(const floating* x, floating* y, Py_ssize_t n) noexcept nogil:
+    """Softmax of row x written to a distinct row y in three passes (max; exp and sum; scale),
+    without first copying x to y; the same results as softmax_inplace."""
+    cdef floating m, total
+    m = row_max(x, n)
+    if m == -CYATTN_INF or m == CYATTN_INF:     # fully masked, NaN or +inf: the general rules
+        memcpy(y, x, n * sizeof(floating))
+        return softmax_inplace(y, n, False)
+    total = row_exp_sum_to(x, y, n, m)
+    row_scale(y, n, <floating>1 / total)
+    return m + <floating>log(total)
+
+
 cdef void row_mask_inplace(floating* y, Py_ssize_t n,
                            const uint8_t* bmask, Py_ssize_t bstride,
                            const floating* amask, Py_ssize_t astride) noexcept nogil:
@@ -344,23 +384,34 @@ cdef void row_load_masked(const floating* x, floating* y, Py_ssize_t n,
     row_mask_inplace(y, n, bmask, bstride, amask, astride)
 
 
+cdef inline void softmax_row(const floating* x, floating* y, Py_ssize_t n,
+                             const uint8_t* bmask, Py_ssize_t b_cs,
+                             const floating* amask, Py_ssize_t a_cs,
+                             bint log_out, bint direct) noexcept nogil:
+    """One row of softmax_rows_impl: straight from x to y for an unmasked softmax into a
+    distinct row (direct), else a masked copy, then in place."""
+    if direct:
+        softmax_row_to(x, y, n)
+    else:
+        row_load_masked(x, y, n, bmask, b_cs, amask, a_cs)
+        softmax_inplace(y, n, log_out)
+
+
 cdef void softmax_rows_impl(const floating* x, floating* y, Py_ssize_t rows, Py_ssize_t n,
                             const uint8_t* bmask, Py_ssize_t b_rs, Py_ssize_t b_cs,
                             const floating* amask, Py_ssize_t a_rs, Py_ssize_t a_cs,
                             bint log_out, int n_threads) noexcept nogil:
     cdef Py_ssize_t r
+    cdef bint direct = bmask == NULL and amask == NULL and x != y and not log_out
     if n_threads <= 1:                  # no OpenMP region for one thread
         for r in range(rows):
-            row_load_masked(x + r * n, y + r * n, n,
-                            bmask + r * b_rs if bmask != NULL else NULL, b_cs,
-                            amask + r * a_rs if amask != NULL else NULL, a_cs)
-            softmax_inplace(y + r * n, n, log_out)
+            softmax_row(x + r * n, y + r * n, n, bmask + r * b_rs if bmask != NULL else NULL,
+                        b_cs, amask + r * a_rs if amask != NULL else NULL, a_cs, log_out,
+                        direct)
         return
     for r in prange(rows, num_threads=n_threads, schedule='static'):
-        row_load_masked(x + r * n, y + r * n, n,
-                        bmask + r * b_rs if bmask != NULL else NULL, b_cs,
-                        amask + r * a_rs if amask != NULL else NULL, a_cs)
-        softmax_inplace(y + r * n, n, log_out)
+        softmax_row(x + r * n, y + r * n, n, bmask + r * b_rs if bmask != NULL else NULL,
+                    b_cs, amask + r * a_rs if amask != NULL else NULL, a_cs, log_out, direct)
 
 
 # ------------------------------------------------------------------------------------------
@@ -945,7 +996,8 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
     cdef Py_ssize_t nr = NR if floating is float else NRD
     cdef Py_ssize_t panels = (rows + nr - 1) // nr
     cdef Py_ssize_t kv_end = S, j0, kb, jp, jp0, ir, pc, kc, r, e, first_q, lanes
-    cdef floating inv
+    cdef floating inv, acc, w
+    cdef bint v_bad
     cdef floating* o_row
     cdef floating* panel
     cdef floating* ot_col
@@ -970,8 +1022,10 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
             j0 += KB
             continue
         pack_a(kb, E, k + j0 * k_rs, k_rs, k_cs, k_packed, mr)         # K block: kb x E
+        v_bad = False
         if Ev > 0:
             pack_a(Ev, kb, v + j0 * v_rs, v_cs, v_rs, vt_packed, mr)   # V^T: Ev x kb
+            v_bad = has_nonfinite(vt_packed, 1, round_up(Ev, mr) * kb, 0, 1)
         for jp in range(jp0, panels):
             panel = tile + jp * KB * nr
             lanes = rows - jp * nr if rows - jp * nr < nr else nr
@@ -1005,6 +1059,19 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
                 ot_col = ot + e * ld_o + jp * nr
                 for r in range(nr):
                     ot_col[r] = ot_col[r] * factor[r]
+            if v_bad:
+                # inf/NaN among these values: the same sums, in the same order, over the keys
+                # with a nonzero weight only, so a masked key's value is never read
+                for e in range(Ev):
+                    ot_col = ot + e * ld_o + jp * nr
+                    for r in range(nr):
+                        acc = 0
+                        for pc in range(kb):
+                            w = panel[pc * nr + r]
+                            if w != 0:
+                                acc = acc + w * v[(j0 + pc) * v_rs + e * v_cs]
+                        ot_col[r] = ot_col[r] + acc
+                continue
             # O^T += V^T (Ev x kb) @ P^T (kb x nr)
             ir = 0
             while ir < Ev:
