@@ -5,16 +5,17 @@ Subcommands::
     info                              version, kernel variant, CPU features, OpenMP, threads
     check [--cases N] [--seed S]      compiled kernels vs the pure-Python oracle (exit 1 on a
                                       mismatch)
-    bench [--full] [--threads N] [--quick]
-                                      quick table of cyattn vs NumPy (--full: the repository's
-                                      bench/run.py harness, with PyTorch when installed)
+    bench [--threads N] [--quick]     quick table of cyattn vs NumPy
+    bench --full [--threads 1,2] [--quick] [--cases ...] [--outdir DIR] ...
+                                      the full harness (cyattn._bench): NumPy and PyTorch
+                                      side by side, FMA peak, bandwidth, peak memory, a
+                                      Markdown table and a PNG plot
 
 Without a subcommand: info, the 3-score example, check, and a short bench (``--quick`` makes
 the bench tiny). The pieces live in :mod:`cyattn._selfcheck` and :mod:`cyattn._bench`.
 """
 import argparse
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -56,18 +57,32 @@ def build_parser():
     check.add_argument("--cases", type=_count, default=300,
                        help="number of random cases (default 300)")
     check.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    bench = sub.add_parser("bench", help="time cyattn against a NumPy reference")
+    bench = sub.add_parser(
+        "bench", help="time cyattn against a NumPy reference (--full: and PyTorch)",
+        description="Without --full: a short table of cyattn vs NumPy at one thread count. "
+                    "With --full: the full harness (NumPy and PyTorch side by side, 1 and 2 "
+                    "threads, FMA peak, read bandwidth, peak memory per case; writes "
+                    "latest.md, latest.json and a PNG plot into bench/results of a checkout, "
+                    "else --outdir or the current directory). The options after --quick are "
+                    "for --full only.")
     bench.add_argument("--full", action="store_true",
-                       help="run the full harness bench/run.py of the source repository "
-                            "(NumPy and PyTorch, 1 and 2 threads, a few minutes)")
-    bench.add_argument("--threads", type=_count, default=None,
-                       help="threads for cyattn and numpy's BLAS (default 1; with --full: "
-                            "the harness's default, 1 and 2)")
+                       help="run the full harness (NumPy and PyTorch, 1 and 2 threads; a "
+                            "while)")
+    bench.add_argument("--threads", default=None,
+                       help="threads for cyattn, numpy's BLAS and torch (default 1; with "
+                            "--full: a comma-separated list, default 1,2)")
     bench.add_argument("--quick", action="store_true",
-                       help="a few tiny cases (for tests); with --full: the harness's --quick")
+                       help="a few tiny cases (for tests); with --full: fewer cases and "
+                            "samples")
     bench.add_argument("--mode", choices=("standard", "short", "quick"), default=None,
                        help=argparse.SUPPRESS)
+    _bench.add_full_arguments(bench, common=False)
     return parser
+
+
+# options of the full harness that mean nothing to the quick bench, and their defaults
+_FULL_ONLY = {"cases": None, "only": None, "samples": None, "min_time": None,
+              "no_memory": False, "no_torch": False, "no_plot": False, "outdir": None}
 
 
 def cmd_info():
@@ -115,25 +130,8 @@ def cmd_check(cases=300, seed=0):
     return 1 if _selfcheck.run_check(cases, seed) else 0
 
 
-def _full_harness():
-    """bench/run.py of the source tree this package was imported from, or None."""
-    root = Path(cyattn.__file__).resolve().parent.parent.parent
-    run = root / "bench" / "run.py"
-    return run if run.is_file() and (root / "pyproject.toml").is_file() else None
-
-
-def cmd_bench(threads=None, mode="standard", full=False):
-    if full:
-        run = _full_harness()
-        if run is None:
-            print("bench --full: the full harness (bench/run.py) is not available in an installed "
-                  "package; run it from a checkout of the cyattn repository, or use "
-                  "'python -m cyattn bench' for the quick table", file=sys.stderr)
-            return 1
-        args = ([str(run)] + (["--threads", str(threads)] if threads else [])
-                + (["--quick"] if mode == "quick" else []))
-        print(f"bench --full: running {run}", flush=True)
-        return subprocess.call([sys.executable] + args, env=_bench.child_env())
+def cmd_bench(threads=None, mode="standard"):
+    """The quick bench (cyattn vs NumPy) at ``threads`` (default 1)."""
     threads = threads or 1
     rc = _bench.rerun_without_blas_overrides(
         ["-m", "cyattn", "bench", "--mode", mode, "--threads", str(threads)])
@@ -142,16 +140,42 @@ def cmd_bench(threads=None, mode="standard", full=False):
     return _bench.run_quick_bench(n_threads=threads, mode=mode)
 
 
+def cmd_bench_full(parser, args, argv=None):
+    """``bench --full``: the full harness of :mod:`cyattn._bench`, in this process."""
+    args = _bench.check_full_arguments(parser, args)
+    rerun = ["-m", "cyattn"] + (sys.argv[1:] if argv is None else list(argv))
+    if args.outdir is None and _bench.checkout_root() is None:
+        print(f"bench --full: cyattn is not imported from a checkout; results go to the "
+              f"current directory {Path.cwd()} (choose with --outdir)", flush=True)
+    return _bench.full_main(args, rerun)
+
+
 def main(argv=None):
     """Entry point of ``python -m cyattn`` and the ``cyattn`` command; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command == "info":
         return cmd_info()
     if args.command == "check":
         return cmd_check(args.cases, args.seed)
     if args.command == "bench":
+        if args.full:
+            return cmd_bench_full(parser, args, argv)
+        given = [name for name, default in _FULL_ONLY.items() if getattr(args, name) != default]
+        if given:
+            parser.error(f"bench: --{given[0].replace('_', '-')} needs --full")
+        threads = None
+        if args.threads is not None:
+            try:
+                threads = _bench.parse_thread_list(args.threads)
+            except ValueError as exc:
+                parser.error(f"bench --threads: {exc}")
+            if len(threads) != 1:
+                parser.error("bench --threads: the quick bench takes one thread count (a list "
+                             "needs --full)")
+            threads = threads[0]
         mode = args.mode or ("quick" if args.quick else "standard")
-        return cmd_bench(args.threads, mode, args.full)
+        return cmd_bench(threads, mode)
     cmd_info()
     print()
     status = cmd_example()
