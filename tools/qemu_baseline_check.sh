@@ -141,7 +141,7 @@ class _RefuseAVX2:
     """Finding the module (cyattn._backend asks whether it is built) is allowed; loading is not."""
 
     def find_spec(self, name, path=None, target=None):
-        if name != "cyattn._kernels_avx2":
+        if name not in ("cyattn._kernels_avx2", "cyattn._kernels_avx512"):
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None:
@@ -174,7 +174,7 @@ set -e
 quiet < "$work/info.txt"
 [ "$info_rc" = 0 ] || fail "python -m cyattn info exited $info_rc"
 grep -qE '^variant:\s+baseline$' "$work/info.txt" || fail "info does not report the baseline variant"
-grep -qE '^available_variants:\s+baseline$' "$work/info.txt" || fail "the avx2 variant is offered"
+grep -qE '^available_variants:\s+baseline$' "$work/info.txt" || fail "an AVX variant is offered"
 if grep -E '^cpu_features:' "$work/info.txt" | grep -qwE 'avx|avx2|fma|os_ymm'; then
     fail "AVX features reported on $cpu"
 fi
@@ -193,18 +193,21 @@ grep -E "^import time:.*\bcyattn(\.|$)" "$work/check.err" | awk -F'|' '{gsub(/^ 
 [ "$check_rc" = 0 ] || fail "python -m cyattn check exited $check_rc"
 grep -q "cases match the oracle" "$work/check.out" || fail "check printed no result"
 grep -q "cyattn._kernels_baseline" "$work/check.err" || fail "the baseline module was not imported"
-if grep -q "cyattn._kernels_avx2" "$work/check.err"; then fail "the AVX2 module was imported"; fi
+if grep -qE "cyattn._kernels_avx(2|512)" "$work/check.err"; then fail "an AVX module was imported"; fi
 echo "check: $((SECONDS - t0))s"
 
-step "CYATTN_BACKEND=avx2 under -cpu $cpu is an ImportError that says why"
-set +e
-"${emu_env[@]}" CYATTN_BACKEND=avx2 "${qemu[@]}" "$vpy" -c "import cyattn" > "$work/forced.out" 2>&1
-forced_rc=$?
-set -e
-quiet < "$work/forced.out" | tail -1
-[ "$forced_rc" = 1 ] || fail "expected exit 1 (ImportError), got $forced_rc"
-grep -q "ImportError: cyattn: this CPU cannot run the 'avx2' kernel variant" "$work/forced.out" ||
-    fail "the ImportError does not say why"
+for forced in avx2 avx512; do
+    step "CYATTN_BACKEND=$forced under -cpu $cpu is an ImportError that says why"
+    set +e
+    "${emu_env[@]}" CYATTN_BACKEND=$forced "${qemu[@]}" "$vpy" -c "import cyattn" \
+        > "$work/forced.out" 2>&1
+    forced_rc=$?
+    set -e
+    quiet < "$work/forced.out" | tail -1
+    [ "$forced_rc" = 1 ] || fail "expected exit 1 (ImportError), got $forced_rc"
+    grep -q "ImportError: cyattn: this CPU cannot run the '$forced' kernel variant" \
+        "$work/forced.out" || fail "the ImportError does not say why"
+done
 
 pytest_args=${CYATTN_QEMU_PYTEST:-}
 [ -n "$pytest_args" ] || pytest_args='-m "not slow" tests'
@@ -225,7 +228,7 @@ if [ "$pytest_args" != skip ]; then
     echo "tests: $((SECONDS - t0))s"
 fi
 
-step "the AVX2 module was never imported under emulation"
-if [ -s "$work/avx2-imports.log" ]; then cat "$work/avx2-imports.log"; fail "AVX2 module imported"; fi
-echo "no import of cyattn._kernels_avx2 in any emulated process"
+step "no AVX module was imported under emulation"
+if [ -s "$work/avx2-imports.log" ]; then cat "$work/avx2-imports.log"; fail "AVX module imported"; fi
+echo "no import of cyattn._kernels_avx2 or _kernels_avx512 in any emulated process"
 echo "qemu_check: all checks passed in $((SECONDS - start))s"

@@ -6,7 +6,8 @@
 #   2. python -m build: an sdist, then a wheel built from that sdist; check that the sdist holds
 #      every file of the source tree under src/ and tests/, and no build products;
 #   3. twine check and check-wheel-contents; the baseline kernels contain no AVX instruction
-#      and, on x86-64, the AVX2 variant is there and does;
+#      and, on x86-64, the AVX2 variant is there and does (without zmm), and the AVX-512
+#      variant is there with 512-bit FMA code;
 #   4. auditwheel show / repair --strip (as cibuildwheel's repair step does): a manylinux wheel
 #      for this machine's glibc, with the OpenMP runtime vendored;
 #   5. a fresh virtual environment with only pip, the repaired wheel and the test dependencies;
@@ -146,6 +147,7 @@ rm -rf "$out/unpacked" && mkdir -p "$out/unpacked"
 "$tools/python" -m zipfile -e "$wheel" "$out/unpacked"
 base_so=$(ls "$out"/unpacked/cyattn/_kernels_baseline*.so)
 avx2_so=$(ls "$out"/unpacked/cyattn/_kernels_avx2*.so 2>/dev/null || true)
+avx512_so=$(ls "$out"/unpacked/cyattn/_kernels_avx512*.so 2>/dev/null || true)
 disasm() { objdump -d --no-show-raw-insn "$1" > "$out/disasm.txt" || fail "objdump $1"; }
 count() { grep -c -E "$1" "$out/disasm.txt" || true; }
 if command -v objdump >/dev/null; then
@@ -163,6 +165,15 @@ if command -v objdump >/dev/null; then
         n_fma=$(count '\bvfn?m(add|sub)[0-9]{3}')
         echo "avx2:     $n_ymm instructions using ymm registers, $n_fma FMA instructions"
         [ "$n_ymm" -gt 0 ] && [ "$n_fma" -gt 0 ] || fail "the avx2 kernels contain no AVX2/FMA code"
+        n_zmm=$(count '%zmm[0-9]')
+        echo "avx2:     $n_zmm instructions using zmm registers (must be 0)"
+        [ "$n_zmm" -eq 0 ] || fail "the avx2 kernels contain AVX-512 code"
+        [ -n "$avx512_so" ] || fail "x86-64 wheel without the AVX-512 kernel variant"
+        disasm "$avx512_so"
+        n_zmm=$(count '%zmm[0-9]')
+        n_zfma=$(count '\bvfn?m(add|sub)[0-9]{3}[a-z]* .*%zmm')
+        echo "avx512:   $n_zmm instructions using zmm registers, $n_zfma FMA instructions on zmm"
+        [ "$n_zmm" -gt 0 ] && [ "$n_zfma" -gt 0 ] || fail "the avx512 kernels contain no 512-bit FMA code"
     fi
 else
     echo "objdump not found: skipped (install binutils)"
