@@ -63,9 +63,20 @@ cdef extern from *:
     #include <math.h>
     #define CYATTN_INF ((double)INFINITY)
     #define CYATTN_NAN ((double)NAN)
+    /* c + a * b rounded as the vectorised micro-kernel rounds it: fused where the variant has
+       FMA (gcc contracts the micro-kernel's multiply-add there), separately where it has not. */
+    #if defined(__FMA__)
+    #define CYATTN_MULADD_F32(a, b, c) fmaf((a), (b), (c))
+    #define CYATTN_MULADD_F64(a, b, c) fma((a), (b), (c))
+    #else
+    #define CYATTN_MULADD_F32(a, b, c) ((a) * (b) + (c))
+    #define CYATTN_MULADD_F64(a, b, c) ((a) * (b) + (c))
+    #endif
     """
     double CYATTN_INF
     double CYATTN_NAN
+    float CYATTN_MULADD_F32(float a, float b, float c) nogil
+    double CYATTN_MULADD_F64(double a, double b, double c) nogil
 
 # The micro-kernel tile (MR x NR float32, MRD x NRD float64) and the blocking MC, NC depend on
 # the register file, so each variant module defines them before including this file.
@@ -1069,7 +1080,12 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
                         for pc in range(kb):
                             w = panel[pc * nr + r]
                             if w != 0:
-                                acc = acc + w * v[(j0 + pc) * v_rs + e * v_cs]
+                                if floating is float:
+                                    acc = CYATTN_MULADD_F32(w, v[(j0 + pc) * v_rs + e * v_cs],
+                                                            acc)
+                                else:
+                                    acc = CYATTN_MULADD_F64(w, v[(j0 + pc) * v_rs + e * v_cs],
+                                                            acc)
                         ot_col[r] = ot_col[r] + acc
                 continue
             # O^T += V^T (Ev x kb) @ P^T (kb x nr)
