@@ -210,7 +210,12 @@ for forced in avx2 avx512; do
 done
 
 pytest_args=${CYATTN_QEMU_PYTEST:-}
-[ -n "$pytest_args" ] || pytest_args='-m "not slow" tests'
+# The hardening, property, corpus and fast-path suites already run every variant natively (the
+# baseline one included) and would take most of an hour under emulation; the rest is the
+# baseline's correctness on a CPU without AVX.
+skip_suites="--ignore=tests/test_hardening.py --ignore=tests/test_properties_hardening.py"
+skip_suites="$skip_suites --ignore=tests/test_fuzz_corpus.py --ignore=tests/test_fast_paths.py"
+[ -n "$pytest_args" ] || pytest_args="-m 'not slow' tests $skip_suites"
 if [ "$pytest_args" != skip ]; then
     step "test suite under -cpu $cpu: pytest $pytest_args"
     cp -r "$root/tests" "$work/run/tests"
