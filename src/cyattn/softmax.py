@@ -26,7 +26,8 @@ def _softmax(fname, x, axis, mask, out, log_out):
     else:
         res = np.empty(moved.shape, dtype=compute)
     if rows and n:
-        xc = np.ascontiguousarray(moved, dtype=compute)
+        # the kernel reads x directly: contiguous and aligned (a misaligned buffer is copied)
+        xc = V.kernel_ready(np.ascontiguousarray(moved, dtype=compute), compute)
         bm = am = None
         b_rs = b_cs = a_rs = a_cs = 0
         if kind:
