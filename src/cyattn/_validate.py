@@ -221,6 +221,16 @@ def batch_offsets(arr, batch_shape, head_group=1):
     return np.asarray(strides, dtype=np.int64) @ idx
 
 
+def fast_threads(n_threads):
+    """resolve_threads for the fast paths: the thread count for None or a plain positive int
+    (1 in a forked child), 0 for anything else (the general path then validates it)."""
+    if n_threads is None:
+        return max_threads()
+    if type(n_threads) is not int or not 0 < n_threads < 65536:
+        return 0
+    return 1 if in_forked_child() else n_threads
+
+
 def threads_for_work(n_threads, work, per_thread):
     """At most ``n_threads``, and no more threads than ``work // per_thread``.
 

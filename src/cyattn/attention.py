@@ -30,12 +30,9 @@ def _fast_call(query, key, value, is_causal, scale, causal_alignment, return_lse
         bottom_right = True
     else:
         return None
-    if n_threads is None:
-        n_threads = _backend.max_threads()
-    elif type(n_threads) is not int or not 0 < n_threads < 65536:
+    n_threads = V.fast_threads(n_threads)
+    if n_threads == 0:
         return None
-    elif _backend._forked_child:
-        n_threads = 1
     res = _backend.kernels.attention_fast(query, key, value, scale, is_causal, bottom_right,
                                           n_threads, _empty)
     if res is None or return_lse:

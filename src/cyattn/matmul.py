@@ -24,13 +24,8 @@ def _fast_call(a, b, out, alpha, n_threads):
     if not (type(a) is _ndarray and type(b) is _ndarray and type(out) is _ndarray
             and type(alpha) is float and alpha - alpha == 0.0):
         return False
-    if n_threads is None:
-        n_threads = _backend.max_threads()
-    elif type(n_threads) is not int or not 0 < n_threads < 65536:
-        return False
-    elif _backend._forked_child:
-        n_threads = 1
-    return _backend.kernels.matmul_fast(a, b, out, alpha, n_threads)
+    n_threads = V.fast_threads(n_threads)
+    return n_threads > 0 and _backend.kernels.matmul_fast(a, b, out, alpha, n_threads)
 
 
 def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
