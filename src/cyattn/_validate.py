@@ -53,7 +53,9 @@ def kernel_ready(arr, dtype):
         arr = arr.astype(dtype)
     item = arr.itemsize
     if not arr.flags.aligned or any(s % item for s in arr.strides):
-        arr = np.ascontiguousarray(arr)
+        # a copy: np.ascontiguousarray returns a C-contiguous but misaligned array unchanged,
+        # and the kernels' float loads from it would be undefined behaviour (UBSan caught it)
+        arr = np.array(arr, order="C", copy=True)
     return arr
 
 

@@ -1,0 +1,232 @@
+#!/usr/bin/env bash
+# Run the test suite against a build of cyattn compiled with AddressSanitizer and
+# UndefinedBehaviorSanitizer (gcc), so that an out-of-bounds read or write, a use after free or
+# undefined behaviour in the kernels stops the run with a report:
+#
+#   0. controls: two small C programs built with the same flags, one with a heap overflow
+#      (ASan) and one with a signed overflow (UBSan), must be reported -- otherwise a clean run
+#      below would prove nothing;
+#   1. stage a copy of the source tree (tracked files plus new files not ignored by .gitignore),
+#      so the build never writes into the checkout and always uses the current sources;
+#   2. a fresh virtual environment; pip install the staged copy with CYATTN_SANITIZE (setup.py
+#      adds -fsanitize=... -fno-omit-frame-pointer -g, keeping -O3) plus the test dependencies
+#      and, unless --no-torch, torch (pinned as in .ci/run: the PyTorch comparisons run under
+#      ASan too); every compiled kernel module must reference the sanitizer runtimes;
+#   3. the test suite (minus slow tests) from a directory that holds only a copy of tests/, with
+#      the ASan runtime preloaded (CPython is not built with ASan, so the runtime must come
+#      first in the process), PYTHONMALLOC=malloc, and the reports of every process written to
+#      log files. Child interpreters started by the tests inherit all of it.
+#
+# A sanitizer report in any process -- pytest or a child it started -- fails the check, even if
+# the test that started the child expected it to fail: the log files are what is judged. The
+# first report aborts its process, so a run shows one finding at a time.
+#
+# Usage: tools/sanitize_check.sh [--outdir DIR] [--no-torch]
+#   DIR (default: a new temporary directory, removed at the end) keeps the venv, build log and
+#   sanitizer logs. --no-torch: do not install torch (its tests then skip themselves).
+# Environment: PYTHON (default python3) for the venv; CYATTN_SANITIZE (default
+#   address,undefined); CYATTN_SANITIZE_PYTEST: pytest arguments (default: -m "not slow" tests,
+#   less two tests that cannot hold under ASan, see below);
+#   CYATTN_BUILD_JOBS (default 1): extensions compiled in parallel (the machine is shared).
+# Exit status: 0 when the tests passed with no sanitizer report, 1 otherwise.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+out=""
+with_torch=1
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --outdir) out=$2; shift 2 ;;
+        --no-torch) with_torch=0; shift ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "sanitize_check: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+py=${PYTHON:-python3}
+sanitize=${CYATTN_SANITIZE:-address,undefined}
+# Two tests measure the process rather than cyattn and cannot hold under ASan, so they are left
+# out: test_rss_flat_over_many_calls (ASan keeps freed memory in quarantine, and a 1 TiB scratch
+# request that glibc refuses is granted by ASan's allocator) and
+# test_requests_larger_than_memory_raise_memory_error (it sets RLIMIT_AS = 8 GiB, below the
+# shadow memory ASan has already reserved, so ASan itself cannot map anything: "Failed to mmap").
+pytest_args=${CYATTN_SANITIZE_PYTEST:-'-m "not slow" -k "not test_rss_flat_over_many_calls and not test_requests_larger_than_memory_raise_memory_error" tests'}
+torch_pin=torch==2.13.0          # as in .ci/run
+check_name=sanitize_check
+# shellcheck source=tools/_steps.sh
+source "$root/tools/_steps.sh"
+if [ -n "$out" ]; then
+    mkdir -p "$out" && out=$(cd "$out" && pwd)
+else
+    out=$(mktemp -d "${TMPDIR:-/tmp}/cyattn-sanitize-check.XXXXXX")
+    work=$out                    # removed on exit by tools/_steps.sh
+fi
+ulimit -c 0                      # aborted processes must not leave core files behind
+
+# ---------------------------------------------------------------------------------------------
+step "sanitizer runtimes (gcc) and ASAN_OPTIONS / UBSAN_OPTIONS"
+command -v gcc >/dev/null || fail "gcc not found (the sanitizer build and runtimes are gcc's)"
+gcc --version | head -1
+case ",$sanitize," in
+    ,address,|,undefined,|,address,undefined,|,undefined,address,) ;;
+    *) fail "CYATTN_SANITIZE=$sanitize: expected a comma-separated list from address, undefined" ;;
+esac
+# LD_PRELOAD: CPython is not built with ASan, so its runtime must be loaded first, before the
+# kernels are imported. libstdc++ too: CPython does not link it, so when ASan starts it finds no
+# __cxa_throw to intercept, and the first C++ exception (torch raises them, caught, in its own
+# code) dies with "CHECK failed: ... real___cxa_throw". libubsan needs no preloading (the kernel
+# modules load it), except in a UBSan-only build, where nothing else does it first.
+has() { case ",$sanitize," in *,"$1",*) return 0 ;; *) return 1 ;; esac; }
+if has address; then libs=(libasan.so libstdc++.so.6); else libs=(libubsan.so); fi
+preload=()
+for lib in "${libs[@]}"; do
+    path=$(gcc -print-file-name="$lib")
+    [ "$path" != "$lib" ] && [ -e "$path" ] || fail "$lib not found (it comes with gcc)"
+    preload+=("$(readlink -f "$path")")
+done
+logs=$out/sanitizer-logs
+rm -rf "$logs" && mkdir -p "$logs"
+# detect_leaks=0: CPython does not free everything at exit (interned strings, static types,
+#   module state), so LeakSanitizer would report thousands of "leaks" that are not ours.
+# abort_on_error / halt_on_error: stop at the first report; log_path: one file per process
+#   (pytest and every child interpreter), which is what this check judges. gcc's UBSan, next
+#   to ASan, writes only its SUMMARY line there (print_summary=1) and the report to stderr.
+# allocator_may_return_null=1: a huge allocation is a MemoryError, as without ASan.
+san_env=(
+    "LD_PRELOAD=${preload[*]}"
+    "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1:allocator_may_return_null=1:detect_stack_use_after_return=0:print_summary=1:log_path=$logs/asan"
+    "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:abort_on_error=1:print_summary=1:log_path=$logs/ubsan"
+    "PYTHONMALLOC=malloc"        # Python objects from malloc, so ASan sees them too
+    "PYTHONFAULTHANDLER=1"       # the Python traceback of a process ASan aborts
+)
+printf '  %s\n' "${san_env[@]}"
+reports() { find "$logs" -type f -name '*san.*' 2>/dev/null | sort; }
+
+step "controls: a heap overflow (ASan) and a signed overflow (UBSan) in C are reported"
+mkdir -p "$out/control"
+cat > "$out/control/bugs.c" <<'EOF'
+#include <stdlib.h>
+int main(int argc, char **argv) {
+    (void)argv;
+    if (argc > 1) {                       /* signed integer overflow */
+        volatile int big = 2147483647;
+        return big + argc > 0;
+    }
+    volatile double *row = malloc(7 * sizeof(double));
+    double past_the_end = row[7 + argc - 1];   /* reads one element past the block */
+    free((void *)row);
+    return past_the_end > 0.0;
+}
+EOF
+control() {  # control NAME PATTERN [ARG]: the program built with -fsanitize=NAME must report
+    local rc=0 control_logs=()
+    gcc -O3 -g -fno-omit-frame-pointer "-fsanitize=$1" -fno-sanitize-recover=undefined \
+        -o "$out/control/$1" "$out/control/bugs.c"
+    (env "${san_env[@]}" "$out/control/$1" ${3:+"$3"} 2>"$out/control/$1.stderr"; exit $?) 2>/dev/null ||
+        rc=$?
+    mapfile -t control_logs < <(reports)
+    if [ "$rc" -eq 0 ] || [ "${#control_logs[@]}" -eq 0 ] || ! grep -q "$2" "${control_logs[@]}"; then
+        cat "$out/control/$1.stderr"
+        fail "the $1 control was not reported (exit $rc)"
+    fi
+    echo "$1: reported as expected (exit $rc): $(grep -h -m1 "$2" "${control_logs[@]}")"
+    rm -f "${control_logs[@]}"
+}
+! has address || control address "ERROR: AddressSanitizer: heap-buffer-overflow"
+! has undefined || control undefined "UndefinedBehaviorSanitizer" signed
+
+# ---------------------------------------------------------------------------------------------
+step "stage the source tree in $out/src"
+rm -rf "$out/src" "$out/venv" "$out/run"
+mkdir -p "$out/src"
+if git -C "$root" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    (cd "$root" && git ls-files -z --cached --others --exclude-standard) |
+        while IFS= read -r -d '' f; do [ -f "$root/$f" ] && printf '%s\n' "$f"; done |
+        sort -u > "$out/source-files.txt"
+else
+    (cd "$root" && find . -type f ! -path './build/*' ! -path './dist/*' ! -path '*/__pycache__/*' \
+        ! -path './.git/*' ! -name '*.so' ! -name '*.pyd' ! -name '*.c' | sed 's|^\./||') |
+        sort -u > "$out/source-files.txt"
+fi
+(cd "$root" && tr '\n' '\0' < "$out/source-files.txt" | xargs -0 cp --parents -t "$out/src")
+kernels=$(cd "$out/src/src/cyattn" && printf '%s ' _kernels_*.pyx)
+echo "staged $(wc -l < "$out/source-files.txt") files; kernels: $kernels"
+
+step "fresh venv; pip install the staged copy with CYATTN_SANITIZE=$sanitize"
+"$py" -m venv "$out/venv"
+vpy=$out/venv/bin/python
+pip_q=(--quiet --disable-pip-version-check --no-cache-dir)
+# setuptools reads extra build_ext options from DIST_EXTRA_CONFIG (here: parallel compiles).
+printf '[build_ext]\nparallel = %s\n' "${CYATTN_BUILD_JOBS:-1}" > "$out/build_ext.cfg"
+CYATTN_SANITIZE=$sanitize DIST_EXTRA_CONFIG=$out/build_ext.cfg \
+    "$vpy" -m pip install --verbose --disable-pip-version-check --no-cache-dir "$out/src[test]" \
+    > "$out/build.log" 2>&1 ||
+    { tail -40 "$out/build.log"; fail "pip install of the sanitized build (log: $out/build.log)"; }
+grep -E "cyattn: compiler=" "$out/build.log" | sed 's/^ *//' | sort -u
+grep -q "cyattn: compiler=.* sanitize=$sanitize\$" "$out/build.log" ||
+    fail "setup.py did not report sanitize=$sanitize (log: $out/build.log)"
+if [ "$with_torch" = 1 ]; then
+    "$vpy" -m pip install "${pip_q[@]}" "$torch_pin" > "$out/torch.log" 2>&1 ||
+        { tail -20 "$out/torch.log"; fail "pip install $torch_pin (or run with --no-torch)"; }
+fi
+"$vpy" -m pip list --disable-pip-version-check --format=freeze 2>/dev/null |
+    grep -E -i "^(cyattn|numpy|torch|pytest|hypothesis|threadpoolctl)==" || true
+
+step "every kernel module is instrumented"
+site=$("$vpy" -c "import sysconfig; print(sysconfig.get_paths()['platlib'])")
+mods=$(ls "$site"/cyattn/_kernels_*.so)
+for so in $mods; do
+    asan=$(nm -D --undefined-only "$so" | grep -c " __asan_report_" || true)
+    ubsan=$(nm -D --undefined-only "$so" | grep -c " __ubsan_handle_" || true)
+    needed=$(readelf -d "$so" | sed -n 's/.*Shared library: \[\(lib[a-z]*san[^]]*\)\].*/\1/p' | tr '\n' ' ')
+    echo "$(basename "$so"): $asan ASan report hooks, $ubsan UBSan handlers; needs ${needed:-no sanitizer library}"
+    ! has address || [ "$asan" -gt 0 ] || fail "$(basename "$so") has no ASan instrumentation"
+    ! has undefined || [ "$ubsan" -gt 0 ] || fail "$(basename "$so") has no UBSan instrumentation"
+done
+
+# ---------------------------------------------------------------------------------------------
+step "tests under the sanitizers: pytest $pytest_args"
+mkdir -p "$out/run"
+cp -r "$out/src/tests" "$out/run/tests"
+find "$out/run" -name __pycache__ -prune -exec rm -rf {} +
+cd "$out/run"
+env "${san_env[@]}" "$vpy" - "$out/venv" <<'EOF'
+import os, sys, cyattn
+where = os.path.realpath(cyattn.__file__)
+venv = os.path.realpath(sys.argv[1])
+print(f"cyattn imported from {where}; variants: {cyattn._backend.available_variants()}")
+if not where.startswith(venv + os.sep):
+    sys.exit(f"cyattn was not imported from the venv's site-packages ({venv})")
+EOF
+rc=0
+eval "set -- $pytest_args"
+# --capture=sys: pytest captures Python's sys.stdout/err only, not file descriptors 1 and 2, so
+# a report that the sanitizer runtime writes to stderr (gcc's UBSan writes its report there and
+# only the SUMMARY line to log_path) reaches pytest.log even when the process is aborted.
+# The subshell keeps bash's own "Aborted" job notice out of the log.
+(env "${san_env[@]}" "$vpy" -m pytest -q -p no:cacheprovider --capture=sys "$@" 2>&1; exit $?) 2>/dev/null |
+    tee "$out/pytest.log" || rc=${PIPESTATUS[0]}
+cd "$root"
+
+# ---------------------------------------------------------------------------------------------
+step "summary"
+found=$(reports)
+tests_line=$(grep -E "^=* *[0-9]+ (passed|failed|skipped|errors?)\b.* in [0-9.]+s" "$out/pytest.log" |
+             tail -1 | sed 's/^=* *//; s/ *=*$//' || true)
+torch_state=$([ "$with_torch" = 1 ] && echo "torch installed" || echo "torch absent")
+in_output=$(grep -c -E "ERROR: AddressSanitizer|runtime error: " "$out/pytest.log" || true)
+if [ -n "$found" ] || [ "$in_output" -gt 0 ]; then
+    # ASan writes its whole report to the log file; gcc's UBSan, next to ASan, writes only the
+    # SUMMARY line there and the report itself to the process's stderr (pytest.log for pytest).
+    for f in $found; do echo "---- $f"; head -c 20000 "$f"; done
+    if [ "$in_output" -gt 0 ]; then
+        echo "---- reports in the pytest output ($out/pytest.log):"
+        # (the first 60 lines, without the interpreter's own frames)
+        grep -E -A 14 "ERROR: AddressSanitizer|runtime error: " "$out/pytest.log" |
+            grep -v -E " in _?Py| in [a-z_]+ (Objects|Python|Include|Modules)/" | head -60 || true
+    fi
+    echo "---- Python stack of the aborted process:"
+    grep -A 4 "^Current thread" "$out/pytest.log" || echo "(none: the report came from a child process)"
+    fail "$(echo "$found" | grep -c .) sanitizer log file(s), $in_output report(s) in the pytest output ($sanitize, $torch_state); pytest exit $rc; ${tests_line:-no pytest summary (the process was aborted)}; $((SECONDS - start))s"
+fi
+[ "$rc" -eq 0 ] || fail "pytest exit $rc with no sanitizer report ($sanitize, $torch_state): ${tests_line:-no pytest summary}; $((SECONDS - start))s"
+echo "sanitize_check: PASSED: no ASan/UBSan report ($sanitize, $torch_state); ${tests_line}; $((SECONDS - start))s"
