@@ -676,6 +676,20 @@ cdef inline void* align_ptr(void* raw) noexcept nogil:
     return <void*>((<uintptr_t>raw + ALIGN - 1) & ~(<uintptr_t>(ALIGN - 1)))
 
 
+cdef Py_ssize_t matmul_tile_n(Py_ssize_t batch, Py_ssize_t M, Py_ssize_t N, Py_ssize_t nr,
+                              int* n_threads) noexcept nogil:
+    """Width of the output tiles (MC x tile_n) of a batched product: NC, split along N in nr
+    steps until every thread has two tiles; caps n_threads at the number of tiles."""
+    cdef Py_ssize_t tile_n = round_up(N if N < NC else NC, nr)
+    cdef Py_ssize_t tiles = batch * ((M + MC - 1) // MC) * ((N + tile_n - 1) // tile_n)
+    while tiles < 2 * n_threads[0] and tile_n > nr:
+        tile_n = round_up(tile_n // 2, nr)
+        tiles = batch * ((M + MC - 1) // MC) * ((N + tile_n - 1) // tile_n)
+    if n_threads[0] > tiles:
+        n_threads[0] = <int>(tiles if tiles > 0 else 1)
+    return tile_n
+
+
 cdef int matmul_worker(const floating* a, const int64_t* a_off, Py_ssize_t rsa, Py_ssize_t csa,
                        const floating* b, const int64_t* b_off, Py_ssize_t rsb, Py_ssize_t csb,
                        floating* c, const int64_t* c_off, Py_ssize_t rsc, Py_ssize_t csc,
@@ -1621,18 +1635,10 @@ def matmul_accumulate(a, const int64_t[::1] a_off, Py_ssize_t rsa, Py_ssize_t cs
     cdef char* cp
     cdef int status = 0
     cdef Py_ssize_t batch = c_off.shape[0]
-    cdef Py_ssize_t tile_m, tile_n, tiles
+    cdef Py_ssize_t tile_m, tile_n
     cdef bint dbl
-    cdef Py_ssize_t nr = NRD if a.itemsize == 8 else NR
-    # Output tiles: MC x NC, split further along N (in nr steps) until every thread has work.
     tile_m = MC
-    tile_n = round_up(N if N < NC else NC, nr)
-    tiles = batch * ((M + tile_m - 1) // tile_m) * ((N + tile_n - 1) // tile_n)
-    while tiles < 2 * n_threads and tile_n > nr:
-        tile_n = round_up(tile_n // 2, nr)
-        tiles = batch * ((M + tile_m - 1) // tile_m) * ((N + tile_n - 1) // tile_n)
-    if n_threads > tiles:
-        n_threads = <int>(tiles if tiles > 0 else 1)
+    tile_n = matmul_tile_n(batch, M, N, NRD if a.itemsize == 8 else NR, &n_threads)
     ap = _buf(a, &av, False)
     try:
         dbl = av.itemsize == 8
@@ -1764,7 +1770,7 @@ def matmul_fast(a, b, out, double alpha, int n_threads):
     cdef Py_buffer av, bv, cv
     cdef int status = 0, code
     cdef int64_t zero = 0
-    cdef Py_ssize_t M, N, K, tile_m, tile_n, tiles, nr
+    cdef Py_ssize_t M, N, K, tile_m, tile_n
     cdef bint ok = False
     if not _get_contiguous(a, &av, False):
         return False
@@ -1788,15 +1794,8 @@ def matmul_fast(a, b, out, double alpha, int n_threads):
                         or <uintptr_t>cv.buf % code
                         or not _disjoint(&cv, &av) or not _disjoint(&cv, &bv)):
                     return False
-                nr = NRD if code == 8 else NR
                 tile_m = MC
-                tile_n = round_up(N if N < NC else NC, nr)
-                tiles = ((M + tile_m - 1) // tile_m) * ((N + tile_n - 1) // tile_n)
-                while tiles < 2 * n_threads and tile_n > nr:
-                    tile_n = round_up(tile_n // 2, nr)
-                    tiles = ((M + tile_m - 1) // tile_m) * ((N + tile_n - 1) // tile_n)
-                if n_threads > tiles:
-                    n_threads = <int>tiles
+                tile_n = matmul_tile_n(1, M, N, NRD if code == 8 else NR, &n_threads)
                 if n_threads > (M * N * K) >> 18:     # small products run on fewer threads
                     n_threads = <int>((M * N * K) >> 18)
                 if n_threads < 1:
