@@ -113,8 +113,11 @@ static int cyattn_omp_pause(void) { return -1; }
 /* ---- prefetch ------------------------------------------------------------------------ */
 #if defined(__GNUC__) || defined(__clang__)
 #define cyattn_prefetch_w(p) __builtin_prefetch((const void *)(p), 1, 3)
+/* read, keep in L2 (prefetcht2 on x86): streaming rows that are read once */
+#define cyattn_prefetch_r(p) __builtin_prefetch((const void *)(p), 0, 1)
 #else
 #define cyattn_prefetch_w(p) ((void)(p))
+#define cyattn_prefetch_r(p) ((void)(p))
 #endif
 
 #endif /* CYATTN_SUPPORT_H */

@@ -20,3 +20,4 @@ cdef extern from "_cyattn_support.h" nogil:
     int cyattn_omp_num_procs()
     int cyattn_omp_pause()
     void cyattn_prefetch_w(const void* p)
+    void cyattn_prefetch_r(const void* p)
