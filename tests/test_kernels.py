@@ -643,6 +643,29 @@ def test_softmax_out(variant, dtype, log):
     np.testing.assert_array_equal(buf[1:], _sm(log)(x))
 
 
+@softmax_fns
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_softmax_out_written_directly(variant, dtype, log, monkeypatch):
+    # A C-contiguous out of the compute dtype (float16 is computed in float32, so it is
+    # copied), along the last axis, is the kernel's target:
+    # no second pass copies the result into it (an earlier version copied out onto itself).
+    rng = np.random.default_rng(22)
+    x = rng.standard_normal((5, 70)).astype(dtype)
+    keep = rng.random((5, 70)) < 0.6
+    expected = _sm(log)(x, mask=keep)
+    expected_plain = _sm(log)(x)
+
+    def no_copy(out, arr):
+        raise AssertionError("out was filled by a copy, not by the kernel")
+
+    monkeypatch.setattr(cyattn._validate, "copy_result", no_copy)
+    out = np.empty_like(x)
+    assert _sm(log)(x, mask=keep, out=out) is out
+    np.testing.assert_array_equal(out, expected)
+    assert _sm(log)(x, axis=-1, out=out) is out
+    np.testing.assert_array_equal(out, expected_plain)
+
+
 @all_dtypes
 def test_matmul_out_layouts_and_aliasing(variant, dtype):
     rng = np.random.default_rng(22)

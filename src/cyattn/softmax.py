@@ -20,8 +20,9 @@ def _softmax(fname, x, axis, mask, out, log_out):
         V.check_out(out, x.shape, result, fname)
     n = x.shape[ax]
     rows = x.size // n if n else 0
-    moved = np.moveaxis(x, ax, -1)
-    if out is not None and ax == x.ndim - 1 and V.writes_in_place(out, compute, (x, mask)):
+    last = ax == x.ndim - 1
+    moved = x if last else np.moveaxis(x, ax, -1)
+    if out is not None and last and V.writes_in_place(out, compute, (x, mask)):
         res = out
     else:
         res = np.empty(moved.shape, dtype=compute)
@@ -31,7 +32,7 @@ def _softmax(fname, x, axis, mask, out, log_out):
         bm = am = None
         b_rs = b_cs = a_rs = a_cs = 0
         if kind:
-            m2 = np.moveaxis(marr, ax, -1).reshape(rows, n)
+            m2 = (marr if last else np.moveaxis(marr, ax, -1)).reshape(rows, n)
             item = m2.itemsize
             rs, cs = m2.strides[0] // item, m2.strides[1] // item
             if kind == 1:
@@ -41,11 +42,13 @@ def _softmax(fname, x, axis, mask, out, log_out):
         _backend.kernels.softmax_rows(xc.reshape(rows, n), res.reshape(rows, n), bm, am,
                              b_rs, b_cs, a_rs, a_cs, log_out,
                              V.threads_for_work(V.resolve_threads(None, fname), rows * n, 1 << 15))
-    res = np.moveaxis(res, -1, ax)
+    if res is out:                      # the kernel wrote the caller's out directly
+        return out
+    if not last:
+        res = np.moveaxis(res, -1, ax)
     if out is None:
         return V.to_result(res, result)
-    if res is not out:
-        V.copy_result(out, res)
+    V.copy_result(out, res)
     return out
 
 
