@@ -183,6 +183,25 @@ def test_nonfinite_rows_redo_leaves_other_rows_bit_identical(variant, path):
     np.testing.assert_array_equal(got[mask], clean[mask])
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("S", [300, 512])
+def test_fused_shortened_exp_matches_general_path(variant, dtype, S):
+    # A key block with no masked score takes the shortened exp (exp_nonpos); one with a masked
+    # key takes the general exp. An extra key that the mask removes adds exact zeros, so the
+    # results must be the same bits whichever exp ran.
+    rng = np.random.default_rng(41)
+    q, k, v = _qkv(rng, 1, 2, 70, S, 32, dtype=dtype)
+    q *= 2
+    base, base_lse = sdpa(q, k, v, return_lse=True)
+    k2 = np.concatenate([k, rng.standard_normal((1, 2, 1, 32)).astype(dtype)], axis=2)
+    v2 = np.concatenate([v, rng.standard_normal((1, 2, 1, 32)).astype(dtype)], axis=2)
+    keep = np.ones((70, S + 1), bool)
+    keep[:, -1] = False
+    got, lse = sdpa(q, k2, v2, keep, return_lse=True)
+    np.testing.assert_array_equal(got, base)
+    np.testing.assert_array_equal(lse, base_lse)
+
+
 @pytest.mark.parametrize("shape", [(1, 3, 2, 5000, 32), (2, 2, 300, 800, 16), (1, 1, 520, 520, 8)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_paths_bit_identical_for_any_thread_count(variant, shape, causal):

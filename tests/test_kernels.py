@@ -643,6 +643,23 @@ def test_softmax_out(variant, dtype, log):
     np.testing.assert_array_equal(buf[1:], _sm(log)(x))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_softmax_unmasked_rows_match_the_general_path_bits(variant, dtype):
+    # Unmasked rows whose spread stays within EXP_NORMAL (-87 / -708) take the shortened
+    # exp; a mask of all True takes the general path. Both must give the same bits, on both
+    # sides of the threshold, for every lane count.
+    rng = np.random.default_rng(23)
+    edge = 87.0 if dtype == np.float32 else 708.0
+    for n in (1, 5, 31, 32, 33, 64, 100, 257):
+        x = rng.standard_normal((12, n)).astype(dtype) * 4
+        for i, spread in enumerate((edge - 0.01, edge, edge + 0.01, 2 * edge, 0.5)):
+            if n > 1:
+                x[i, :] = np.linspace(0.0, -spread, n, dtype=dtype) + dtype(3.0)
+        general = cyattn.softmax(x, mask=np.ones(x.shape, bool))
+        np.testing.assert_array_equal(cyattn.softmax(x), general)
+        np.testing.assert_array_equal(cyattn.softmax(x, out=np.empty_like(x)), general)
+
+
 @softmax_fns
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 def test_softmax_out_written_directly(variant, dtype, log, monkeypatch):
@@ -1014,6 +1031,44 @@ def test_exp_float32_every_value(variant):
     for lo, hi in ((0, POS_MAX + 1), (0x80000000, NEG_MIN + 1)):
         for start in range(lo, hi, 1 << 24):
             _check_exp32(kern, _f32_range(start, min(hi, start + (1 << 24)), 1))
+
+
+NONPOS_LO = int(np.float32(-87.0).view(np.uint32))
+
+
+def _check_exp_nonpos_bits(kern, xs):
+    """The shortened exp of arguments in [EXP_NORMAL, 0] gives exp's own bits."""
+    full = np.empty_like(xs)
+    short = np.empty_like(xs)
+    kern.exp_values(xs, full)
+    kern.exp_values(xs, short, True)
+    bad = full.view(np.uint32 if xs.dtype == np.float32 else np.uint64) != short.view(
+        np.uint32 if xs.dtype == np.float32 else np.uint64)
+    assert not bad.any(), (xs[bad][:5], full[bad][:5], short[bad][:5])
+
+
+def test_exp_nonpos_same_bits(variant):
+    # softmax and attention rows with no masked or far-off score use exp_nonpos
+    kern = _backend.kernels
+    _check_exp_nonpos_bits(kern, np.concatenate([
+        _f32_range(0x80000000, NONPOS_LO + 1, 97),             # every 97th in [-87, -0]
+        _f32_range(NONPOS_LO - 200_000, NONPOS_LO + 1, 1),      # just above -87 (tiny results)
+        _f32_range(0x80000000, 0x80000000 + 200_000, 1),       # just below 0
+        _f32_range(int(np.float32(-0.35).view(np.uint32)), int(np.float32(-0.34).view(
+            np.uint32)), 1),                                   # around the -ln2/2 reduction edge
+        np.array([0.0], np.float32)]))
+    rng = np.random.default_rng(31)
+    _check_exp_nonpos_bits(kern, np.concatenate([
+        rng.uniform(-708.0, 0.0, 400_000), np.linspace(-708.0, -700.0, 100_001),
+        -rng.random(50_000) * 1e-6, np.array([0.0, -0.0, -708.0])]))
+
+
+@pytest.mark.slow
+def test_exp_nonpos_every_float32(variant):
+    """Every float32 in [-87, 0]: the shortened exp gives exp's bits (~1.1e9 values)."""
+    kern = _backend.kernels
+    for start in range(0x80000000, NONPOS_LO + 1, 1 << 24):
+        _check_exp_nonpos_bits(kern, _f32_range(start, min(NONPOS_LO + 1, start + (1 << 24)), 1))
 
 
 def test_exp_float64_sweep(variant):
