@@ -146,6 +146,33 @@ def test_text_alone_equals_text_in_a_mixed_batch(model, reference):
                                    err_msg=sentences[i][:60])
 
 
+def test_runs_of_equal_length_match_texts_alone(model, example, monkeypatch):
+    """Sorted batches (as embed() makes them) attend per run of equal-length texts, on views of
+    the packed projection without padding or mask; each text still gets its embedding alone.
+    A batch of many distinct lengths takes the padded path with the key-padding mask."""
+    rng = np.random.default_rng(0)
+    ids = [[101] + rng.integers(1000, 30000, n - 2).tolist() + [102]
+           for n in [41] * 5 + [40] * 5 + [23] * 4 + [7] * 2]      # 4 runs, 16 texts
+    masks = []
+    sdpa = example.cyattn.scaled_dot_product_attention
+
+    def spy(q, k, v, mask=None, **kw):
+        masks.append(mask)
+        return sdpa(q, k, v, mask, **kw)
+
+    monkeypatch.setattr(example.cyattn, "scaled_dot_product_attention", spy)
+    with _single_threaded_blas():
+        batched = model.forward(ids, n_threads=1)
+        assert len(masks) == 4 * model.n_layers and all(m is None for m in masks)
+        alone = [model.forward([t], n_threads=1)[0] for t in ids]
+        masks.clear()
+        padded = model.forward(ids[::2], n_threads=1)              # 4 runs, 8 texts
+        assert len(masks) == model.n_layers and all(m is not None for m in masks)
+    for i in range(len(ids)):
+        np.testing.assert_allclose(batched[i], alone[i], rtol=0, atol=BATCH_INVARIANCE_ATOL)
+    np.testing.assert_allclose(padded, np.array(alone[::2]), rtol=0, atol=BATCH_INVARIANCE_ATOL)
+
+
 def test_batch_size_and_order_do_not_change_embeddings(model, reference, embedded):
     sentences, _, _ = reference
     rev = model.embed(sentences[::-1], batch_size=5)[::-1]

