@@ -87,7 +87,7 @@ cdef extern from *:
 # The micro-kernel tile (MR x NR float32, MRD x NRD float64) and the blocking MC, NC depend on
 # the register file, so each variant module defines them before including this file.
 cdef enum:
-    LANES = 32        # partial maxima / sums per row (vectorised loops; lanes_sum/lanes_max assume 32)
+    LANES = 32        # partial maxima / sums per row (lanes_sum/lanes_max/lanes_min assume 32)
     KC = 256          # depth of a packed panel
     QB = 64           # query rows per block of the two-pass (fallback) attention path
     KB = 256          # keys per block of the fused attention (score tile qg x KB)
