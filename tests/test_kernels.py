@@ -660,6 +660,27 @@ def test_softmax_unmasked_rows_match_the_general_path_bits(variant, dtype):
         np.testing.assert_array_equal(cyattn.softmax(x, out=np.empty_like(x)), general)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_softmax_rows_in_pairs_match_rows_alone(variant, dtype):
+    # Unmasked rows go through the kernel two at a time (softmax_pair_to, fused loops) and an
+    # odd last row alone; every row must get the bits it gets alone, whatever its partner
+    # (special rows -- NaN, +-inf, all -inf, a spread past EXP_NORMAL -- make the pair fall
+    # back to one row at a time), with one thread and with several (big inputs).
+    rng = np.random.default_rng(24)
+    edge = 87.0 if dtype == np.float32 else 708.0
+    for rows, n in ((7, 32), (6, 33), (9, 64), (5, 100), (4, 257), (129, 1024)):
+        x = (rng.standard_normal((rows, n)) * 3).astype(dtype)
+        x[1, 5] = np.nan
+        x[2, :] = -np.inf
+        x[3, 7] = np.inf
+        x[-1, 0] = dtype(-2 * edge)
+        alone = np.concatenate([cyattn.softmax(x[i:i + 1]) for i in range(rows)])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            np.testing.assert_array_equal(cyattn.softmax(x), alone)
+        np.testing.assert_array_equal(cyattn.softmax(x[::-1]), alone[::-1])
+
+
 @softmax_fns
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 def test_softmax_out_written_directly(variant, dtype, log, monkeypatch):

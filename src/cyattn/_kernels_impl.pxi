@@ -18,7 +18,8 @@
 #   nothing: the same bits in ~7 fewer operations. A softmax row or attention score panel whose
 #   smallest shifted score is in range (no masked or far-off score) uses it.
 # * softmax rows: three passes (max and min; exp and sum; scale) with LANES lane-wise partial
-#   maxima and sums combined in a fixed order, so results do not depend on threads.
+#   maxima and sums combined in a fixed order, so results do not depend on threads. Unmasked
+#   rows run two at a time with fused loops (softmax_pair_to), the same bits as one by one.
 # * decode loops prefetch DECODE_PF_BYTES ahead into L2 (decode was latency-bound at ~60 % of
 #   the streaming read bandwidth without it).
 # * GEMM (C (+)= alpha A B): BLIS-style. Loops NC -> KC -> MC -> NR -> MR; B is packed into
@@ -557,12 +558,101 @@ cdef inline void softmax_row(const floating* x, floating* y, Py_ssize_t n,
         softmax_inplace(y, n, log_out)
 
 
+cdef void softmax_pair_to(const floating* x0, floating* y0, const floating* x1, floating* y1,
+                          Py_ssize_t n) noexcept nogil:
+    """softmax_row_to of two rows at once, with the same bits: each row's operations and their
+    order are those of softmax_row_to, but the two rows' loops are fused, so one row's
+    reductions (max, min, sum: dependency chains across the lanes) overlap the other's work.
+    A short row is latency-bound on them (a 128-element row ran ~1.2x faster paired)."""
+    cdef floating part0[LANES]
+    cdef floating low0[LANES]
+    cdef floating part1[LANES]
+    cdef floating low1[LANES]
+    cdef floating v, w, e0, e1, m0, m1, mn0, mn1, t0 = 0, t1 = 0
+    cdef floating normal = EXP_NORMAL_F32 if floating is float else EXP_NORMAL_F64
+    cdef Py_ssize_t j = 0, lane
+    for lane in range(LANES):
+        part0[lane] = <floating>-CYATTN_INF
+        part1[lane] = <floating>-CYATTN_INF
+        low0[lane] = <floating>CYATTN_INF
+        low1[lane] = <floating>CYATTN_INF
+    while j + LANES <= n:
+        for lane in range(LANES):
+            v = x0[j + lane]
+            w = x1[j + lane]
+            part0[lane] = v if v > part0[lane] else part0[lane]
+            low0[lane] = v if v < low0[lane] else low0[lane]
+            part1[lane] = w if w > part1[lane] else part1[lane]
+            low1[lane] = w if w < low1[lane] else low1[lane]
+        j += LANES
+    m0 = m1 = <floating>-CYATTN_INF
+    mn0 = mn1 = <floating>CYATTN_INF
+    while j < n:
+        v = x0[j]
+        w = x1[j]
+        m0 = v if v > m0 else m0
+        mn0 = v if v < mn0 else mn0
+        m1 = w if w > m1 else m1
+        mn1 = w if w < mn1 else mn1
+        j += 1
+    v = lanes_max(part0)
+    m0 = v if v > m0 else m0
+    v = lanes_min(low0)
+    mn0 = v if v < mn0 else mn0
+    v = lanes_max(part1)
+    m1 = v if v > m1 else m1
+    v = lanes_min(low1)
+    mn1 = v if v < mn1 else mn1
+    if (m0 == -CYATTN_INF or m0 == CYATTN_INF or m1 == -CYATTN_INF or m1 == CYATTN_INF
+            or not (mn0 - m0 >= normal) or not (mn1 - m1 >= normal)):
+        softmax_row_to(x0, y0, n)               # the general rules or the full exp: one by one
+        softmax_row_to(x1, y1, n)
+        return
+    for lane in range(LANES):
+        part0[lane] = 0
+        part1[lane] = 0
+    j = 0
+    while j + LANES <= n:
+        for lane in range(LANES):
+            e0 = exp_nonpos(x0[j + lane] - m0)
+            e1 = exp_nonpos(x1[j + lane] - m1)
+            y0[j + lane] = e0
+            y1[j + lane] = e1
+            part0[lane] += e0
+            part1[lane] += e1
+        j += LANES
+    while j < n:
+        e0 = exp_any(x0[j] - m0)
+        e1 = exp_any(x1[j] - m1)
+        y0[j] = e0
+        y1[j] = e1
+        t0 += e0
+        t1 += e1
+        j += 1
+    t0 = lanes_sum(part0) + t0
+    t1 = lanes_sum(part1) + t1
+    row_scale(y0, n, <floating>1 / t0)
+    row_scale(y1, n, <floating>1 / t1)
+
+
 cdef void softmax_rows_impl(const floating* x, floating* y, Py_ssize_t rows, Py_ssize_t n,
                             const uint8_t* bmask, Py_ssize_t b_rs, Py_ssize_t b_cs,
                             const floating* amask, Py_ssize_t a_rs, Py_ssize_t a_cs,
                             bint log_out, int n_threads) noexcept nogil:
-    cdef Py_ssize_t r
+    cdef Py_ssize_t r, pair
     cdef bint direct = bmask == NULL and amask == NULL and x != y and not log_out
+    if direct and n >= LANES:           # rows in pairs (softmax_pair_to), the last one alone
+        if n_threads <= 1:
+            for pair in range(rows // 2):
+                softmax_pair_to(x + 2 * pair * n, y + 2 * pair * n,
+                                x + (2 * pair + 1) * n, y + (2 * pair + 1) * n, n)
+        else:
+            for pair in prange(rows // 2, num_threads=n_threads, schedule='static'):
+                softmax_pair_to(x + 2 * pair * n, y + 2 * pair * n,
+                                x + (2 * pair + 1) * n, y + (2 * pair + 1) * n, n)
+        if rows % 2:
+            softmax_row_to(x + (rows - 1) * n, y + (rows - 1) * n, n)
+        return
     if n_threads <= 1:                  # no OpenMP region for one thread
         for r in range(rows):
             softmax_row(x + r * n, y + r * n, n, bmask + r * b_rs if bmask != NULL else NULL,
