@@ -372,7 +372,8 @@ def run_quick_bench(n_threads=1, mode="standard", out=None, progress=True):
         bar.close()
     elapsed = time.perf_counter() - t_start
     pinned = ("numpy's BLAS and OpenMP pinned with threadpoolctl" if limits.active else
-              "threadpoolctl not installed: numpy's BLAS uses its default thread count")
+              "threadpoolctl not installed: numpy's BLAS and the OpenMP runtime, so also "
+              "cyattn.softmax, use their default thread counts")
     print(f"bench: float32, {n_threads} thread{'s' if n_threads != 1 else ''} ({pinned}); "
           f"variant {cyattn.config()['variant']}; median of {samples} interleaved samples",
           file=out)
