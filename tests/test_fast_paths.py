@@ -1,7 +1,8 @@
 """The attention kernel's internal paths, each against the float64 NumPy reference:
 
 * the fused online-softmax path over several key blocks (KB = 256 keys) and query groups
-  (up to 256 rows), with causal block skipping in both alignments and bool-mask block skipping;
+  (up to 1024 rows, 256 with a causal mask, fewer when the threads need more tasks), with
+  causal block skipping in both alignments and bool-mask block skipping;
 * the decode path (L <= 4 query rows, S >= 1024 keys, split into fixed chunks of 512 keys);
 * the two-pass path that redoes rows whose fused result is not finite (huge finite values,
   NaN, inf), which must give the documented results and leave the other rows untouched.
@@ -47,6 +48,18 @@ def _check(q, k, v, mask=None, **kw):
 def test_fused_blocks_dense(variant, dtype, L, S):
     rng = np.random.default_rng(L * 1000 + S)
     _check(*_qkv(rng, 1, 2, L, S, 24, 40, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_fused_dense_groups_of_1024_rows(variant, dtype):
+    # Without a causal mask a task takes up to 1024 query rows (fewer when the threads need
+    # more tasks); rows on either side of the 1024 boundary, 1 and 2 threads, the same bits.
+    rng = np.random.default_rng(43)
+    q, k, v = _qkv(rng, 1, 1, 1100, 300, 16, 24, dtype)
+    out, lse = _check(q, k, v, n_threads=1)
+    got, got_lse = sdpa(q, k, v, return_lse=True, n_threads=2)
+    np.testing.assert_array_equal(got, out)
+    np.testing.assert_array_equal(got_lse, lse)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
