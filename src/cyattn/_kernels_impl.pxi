@@ -138,9 +138,28 @@ cdef inline double _f64_from_bits(uint64_t i) noexcept nogil:
     return x
 
 
+cdef inline float exp_core_f32(float x, int32_t* ni) noexcept nogil:
+    """e**x = p * 2**ni[0]: the range reduction and the polynomial shared by exp_f32 and
+    exp_f32_nonpos (which differ only in how 2**n is applied and in their clamps)."""
+    cdef float t, n, r, p
+    t = x * <float>1.44269504088896341 + <float>12582912.0     # 1.5 * 2**23 shifter
+    n = t - <float>12582912.0
+    ni[0] = _f32_bits(t) - <int32_t>0x4B400000
+    r = x - n * <float>0.693145751953125          # ln2 high part, exact product for |n| < 256
+    r = r - n * <float>1.428606765330187045e-06   # ln2 low part
+    p = <float>(1.0 / 5040.0)
+    p = p * r + <float>(1.0 / 720.0)
+    p = p * r + <float>(1.0 / 120.0)
+    p = p * r + <float>(1.0 / 24.0)
+    p = p * r + <float>(1.0 / 6.0)
+    p = p * r + <float>0.5
+    p = p * r + <float>1.0
+    return p * r + <float>1.0
+
+
 cdef inline float exp_f32(float x) noexcept nogil:
     """e**x in float32, < 2 ulp; -inf -> 0, +inf -> +inf, NaN -> NaN, subnormals kept."""
-    cdef float t, n, r, p
+    cdef float p
     cdef int32_t ni, n1, n2
     cdef uint32_t keep = 0u - <uint32_t>(not (x < EXP_LO_F32))   # all ones unless x < -104
     # Below -104 the result is exactly 0: those lanes (masked -inf scores above all) compute
@@ -151,19 +170,7 @@ cdef inline float exp_f32(float x) noexcept nogil:
     # (the selects are integer masks: gcc keeps float selects as branches under -ftrapping-math)
     x = _f32_from_bits(<uint32_t>_f32_bits(x) & keep)
     x = EXP_HI_F32 if x > EXP_HI_F32 else x
-    t = x * <float>1.44269504088896341 + <float>12582912.0     # 1.5 * 2**23 shifter
-    n = t - <float>12582912.0
-    ni = _f32_bits(t) - <int32_t>0x4B400000
-    r = x - n * <float>0.693145751953125          # ln2 high part, exact product for |n| < 256
-    r = r - n * <float>1.428606765330187045e-06   # ln2 low part
-    p = <float>(1.0 / 5040.0)
-    p = p * r + <float>(1.0 / 720.0)
-    p = p * r + <float>(1.0 / 120.0)
-    p = p * r + <float>(1.0 / 24.0)
-    p = p * r + <float>(1.0 / 6.0)
-    p = p * r + <float>0.5
-    p = p * r + <float>1.0
-    p = p * r + <float>1.0
+    p = exp_core_f32(x, &ni)
     n1 = ni >> 1
     n2 = ni - n1
     p = p * _f32_from_bits((<uint32_t>(n1 + 127)) << 23)     # exact: p times a normal 2**n1
@@ -171,16 +178,12 @@ cdef inline float exp_f32(float x) noexcept nogil:
     return _f32_from_bits(<uint32_t>_f32_bits(p) & keep)
 
 
-cdef inline double exp_f64(double x) noexcept nogil:
-    """e**x in float64, < 2 ulp; -inf -> 0, +inf -> +inf, NaN -> NaN, subnormals kept."""
+cdef inline double exp_core_f64(double x, int64_t* ni) noexcept nogil:
+    """e**x = p * 2**ni[0]: as exp_core_f32, for exp_f64 and exp_f64_nonpos."""
     cdef double t, n, r, p
-    cdef int64_t ni, n1, n2
-    cdef uint64_t keep = 0u - <uint64_t>(not (x < EXP_LO_F64))   # as in exp_f32
-    x = _f64_from_bits(<uint64_t>_f64_bits(x) & keep)
-    x = EXP_HI_F64 if x > EXP_HI_F64 else x
     t = x * 1.4426950408889634074 + 6755399441055744.0         # 1.5 * 2**52 shifter
     n = t - 6755399441055744.0
-    ni = _f64_bits(t) - <int64_t>0x4338000000000000
+    ni[0] = _f64_bits(t) - <int64_t>0x4338000000000000
     r = x - n * 6.93147180369123816490e-01        # ln2 high part (fdlibm), exact for |n| < 2**21
     r = r - n * 1.90821492927058770002e-10        # ln2 low part
     p = 1.0 / 6227020800.0
@@ -196,7 +199,17 @@ cdef inline double exp_f64(double x) noexcept nogil:
     p = p * r + 1.0 / 6.0
     p = p * r + 0.5
     p = p * r + 1.0
-    p = p * r + 1.0
+    return p * r + 1.0
+
+
+cdef inline double exp_f64(double x) noexcept nogil:
+    """e**x in float64, < 2 ulp; -inf -> 0, +inf -> +inf, NaN -> NaN, subnormals kept."""
+    cdef double p
+    cdef int64_t ni, n1, n2
+    cdef uint64_t keep = 0u - <uint64_t>(not (x < EXP_LO_F64))   # as in exp_f32
+    x = _f64_from_bits(<uint64_t>_f64_bits(x) & keep)
+    x = EXP_HI_F64 if x > EXP_HI_F64 else x
+    p = exp_core_f64(x, &ni)
     n1 = ni >> 1
     n2 = ni - n1
     p = p * _f64_from_bits((<uint64_t>(n1 + 1023)) << 52)    # exact: p times a normal 2**n1
@@ -219,47 +232,15 @@ cdef double EXP_NORMAL_F64 = -708.0
 
 cdef inline float exp_f32_nonpos(float x) noexcept nogil:
     """exp_f32(x) for EXP_NORMAL_F32 <= x <= 0 (or NaN); bit-identical to it there."""
-    cdef float t, n, r, p
     cdef int32_t ni
-    t = x * <float>1.44269504088896341 + <float>12582912.0
-    n = t - <float>12582912.0
-    ni = _f32_bits(t) - <int32_t>0x4B400000
-    r = x - n * <float>0.693145751953125
-    r = r - n * <float>1.428606765330187045e-06
-    p = <float>(1.0 / 5040.0)
-    p = p * r + <float>(1.0 / 720.0)
-    p = p * r + <float>(1.0 / 120.0)
-    p = p * r + <float>(1.0 / 24.0)
-    p = p * r + <float>(1.0 / 6.0)
-    p = p * r + <float>0.5
-    p = p * r + <float>1.0
-    p = p * r + <float>1.0
+    cdef float p = exp_core_f32(x, &ni)
     return p * _f32_from_bits((<uint32_t>(ni + 127)) << 23)
 
 
 cdef inline double exp_f64_nonpos(double x) noexcept nogil:
     """exp_f64(x) for EXP_NORMAL_F64 <= x <= 0 (or NaN); bit-identical to it there."""
-    cdef double t, n, r, p
     cdef int64_t ni
-    t = x * 1.4426950408889634074 + 6755399441055744.0
-    n = t - 6755399441055744.0
-    ni = _f64_bits(t) - <int64_t>0x4338000000000000
-    r = x - n * 6.93147180369123816490e-01
-    r = r - n * 1.90821492927058770002e-10
-    p = 1.0 / 6227020800.0
-    p = p * r + 1.0 / 479001600.0
-    p = p * r + 1.0 / 39916800.0
-    p = p * r + 1.0 / 3628800.0
-    p = p * r + 1.0 / 362880.0
-    p = p * r + 1.0 / 40320.0
-    p = p * r + 1.0 / 5040.0
-    p = p * r + 1.0 / 720.0
-    p = p * r + 1.0 / 120.0
-    p = p * r + 1.0 / 24.0
-    p = p * r + 1.0 / 6.0
-    p = p * r + 0.5
-    p = p * r + 1.0
-    p = p * r + 1.0
+    cdef double p = exp_core_f64(x, &ni)
     return p * _f64_from_bits((<uint64_t>(ni + 1023)) << 52)
 
 
@@ -1671,6 +1652,14 @@ cdef inline floating dot_lanes(const floating* a, const floating* b, Py_ssize_t 
     return lanes_sum(part) + tail
 
 
+cdef inline void prefetch_row(const void* row, Py_ssize_t nbytes) noexcept nogil:
+    """Prefetch (into L2) each 64-byte line of row[0:nbytes]."""
+    cdef Py_ssize_t off = 0
+    while off < nbytes:
+        cyattn_prefetch_r(<const char*>row + off)
+        off += 64
+
+
 cdef void decode_chunk(const floating* q, Py_ssize_t q_rs,
                        const floating* k, Py_ssize_t k_rs,
                        const floating* v, Py_ssize_t v_rs,
@@ -1693,7 +1682,7 @@ cdef void decode_chunk(const floating* q, Py_ssize_t q_rs,
     cdef floating* acc
     cdef const floating* k_row
     cdef const floating* v_row
-    cdef Py_ssize_t pf, off
+    cdef Py_ssize_t pf
     cdef Py_ssize_t row_bytes_k = E * <Py_ssize_t>sizeof(floating)
     cdef Py_ssize_t row_bytes_v = Ev * <Py_ssize_t>sizeof(floating)
     # Software prefetch (into L2) DECODE_PF_BYTES ahead within the chunk: without it the
@@ -1704,15 +1693,9 @@ cdef void decode_chunk(const floating* q, Py_ssize_t q_rs,
     for j in range(kb):
         k_row = k + (j0 + j) * k_rs
         if j + pf < kb:
-            off = 0
-            while off < row_bytes_k:
-                cyattn_prefetch_r(<const char*>(k_row + pf * k_rs) + off)
-                off += 64
+            prefetch_row(k_row + pf * k_rs, row_bytes_k)
         elif j + pf - kb < kb:                    # the first value rows, for the second pass
-            off = 0
-            while off < row_bytes_v:
-                cyattn_prefetch_r(<const char*>(v + (j0 + j + pf - kb) * v_rs) + off)
-                off += 64
+            prefetch_row(v + (j0 + j + pf - kb) * v_rs, row_bytes_v)
         for r in range(L):
             scores[r * kb + j] = scale * dot_lanes(q + r * q_rs, k_row, E)
     for r in range(L):
@@ -1738,10 +1721,7 @@ cdef void decode_chunk(const floating* q, Py_ssize_t q_rs,
     for j in range(kb):
         v_row = v + (j0 + j) * v_rs
         if j + pf < kb:
-            off = 0
-            while off < row_bytes_v:
-                cyattn_prefetch_r(<const char*>(v_row + pf * v_rs) + off)
-                off += 64
+            prefetch_row(v_row + pf * v_rs, row_bytes_v)
         for r in range(L):
             w = scores[r * kb + j]
             acc = part + r * (Ev + 2) + 2
