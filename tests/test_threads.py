@@ -66,6 +66,36 @@ def test_matmul_bit_identical_for_any_thread_count(variant, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("shape", [(1000, 300, 40), (21, 300, 4100), (333, 280, 333)],
+                         ids=["tall", "wide", "square"])
+def test_matmul_tiles_do_not_change_bits(variant, dtype, shape):
+    # Output tiles are split along the longer side, by thread count (matmul_tiles): tall
+    # products split M, wide ones (past NC columns) N. No split may change any element.
+    M, K, N = shape
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((M, K)).astype(dtype)
+    b = rng.standard_normal((K, N)).astype(dtype)
+    c0 = rng.standard_normal((M, N)).astype(dtype)
+    results = []
+    for n in (1, 2, 3):
+        out = c0.copy()
+        cyattn.matmul_accumulate(a, b, out, alpha=0.75, n_threads=n)
+        results.append(out)
+    for n, r in zip((2, 3), results[1:]):
+        np.testing.assert_array_equal(r, results[0], err_msg=f"n_threads={n}")
+    # a single row and a single column alone give the same bits as inside the whole product
+    row = c0[M // 2:M // 2 + 1].copy()
+    cyattn.matmul_accumulate(a[M // 2:M // 2 + 1], b, row, alpha=0.75, n_threads=1)
+    np.testing.assert_array_equal(row, results[0][M // 2:M // 2 + 1])
+    col = c0[:, N - 1:].copy()
+    cyattn.matmul_accumulate(a, b[:, N - 1:], col, alpha=0.75, n_threads=1)
+    np.testing.assert_array_equal(col, results[0][:, N - 1:])
+    np.testing.assert_allclose(results[0], c0 + 0.75 * (a.astype(np.float64) @ b),
+                               rtol=1e-4 if dtype == np.float32 else 1e-12,
+                               atol=1e-3 if dtype == np.float32 else 1e-10)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("mode", ["plain", "bool", "causal_br", "float"])
 def test_sdpa_bit_identical_for_any_thread_count(variant, dtype, mode):
     _, (q, k, v, keep), _ = _inputs()

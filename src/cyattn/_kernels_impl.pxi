@@ -31,7 +31,10 @@
 #   the 32 zmm registers; 8 x 32 measured against 12 x 32, 8 x 48 and 14 x 32 here). KC = 256.
 #   The A-panel index must stay a compile-time multiple of MR: a runtime stride there cost the
 #   float32 kernel 60 % (measured). Every element of C is summed over K in the same order
-#   whatever the tiling, so results are bit-identical for any number of threads.
+#   whatever the tiling, so results are bit-identical for any number of threads. matmul
+#   splits its output into tiles only as far as threads need (matmul_tiles): each tile packs
+#   its own B, and tiles of MC rows repacked B once per 144 rows (13 % of an n=1024 product).
+#   The micro-kernel prefetches every cache line of its C tile on entry (+4-8 % at n >= 1024).
 # * fused attention (Milakov and Gimelshein 2018; Dao et al. 2022): per task (batch entry, group
 #   of up to QG_DENSE, or QG with a causal mask, query rows) walk the keys in blocks of KB with
 #   an online softmax, transposed:
@@ -736,8 +739,24 @@ cdef void pack_b(Py_ssize_t kc, Py_ssize_t nc, const floating* b, Py_ssize_t rsb
     The loop order follows the unit stride of B: rows are copied when B is row-major, columns
     when it is column-major (as K^T is for the attention scores).
     """
-    cdef Py_ssize_t jr = 0, p, j, n_here, p8, jb
+    cdef Py_ssize_t jr = 0, p, j, n_here, p8, jb, p0, p1, full
     cdef const floating* src
+    if csb == 1 and rsb != 1:
+        # Row-major B: a block of 8 rows at a time, every full panel's 8 x nr piece in turn.
+        # Each row is read front to back and each panel piece is written contiguously; walking
+        # one panel down all kc rows instead reads B one cache line per 4 KiB page.
+        full = nc - nc % nr
+        for p0 in range(0, kc, 8):
+            p1 = p0 + 8 if p0 + 8 < kc else kc
+            jr = 0
+            while jr < full:
+                for p in range(p0, p1):
+                    memcpy(dst + jr * kc + p * nr, b + p * rsb + jr, nr * sizeof(floating))
+                jr += nr
+        if full == nc:
+            return
+        jr = full
+        dst += full * kc
     while jr < nc:
         n_here = nc - jr if nc - jr < nr else nr
         if rsb == 1 and csb != 1 and n_here == nr and nr % 8 == 0:
@@ -780,8 +799,14 @@ cdef void micro_kernel_f32(Py_ssize_t kc, const float* pa, const float* pb,
     cdef Py_ssize_t p, i, j
     cdef float a_i
     cdef float* c_row
+    for i in range(m_here):
+        # every cache line of the C tile's rows: they are read and written after the k loop
+        j = 0
+        while j < n_here:
+            cyattn_prefetch_w(c + i * rsc + j * csc)
+            j += 8 if csc == 1 else 1
+        cyattn_prefetch_w(c + i * rsc + (n_here - 1) * csc)
     for i in range(MR):
-        cyattn_prefetch_w(c + i * rsc)
         for j in range(NR):
             acc[i][j] = 0
     for p in range(kc):
@@ -816,8 +841,14 @@ cdef void micro_kernel_f64(Py_ssize_t kc, const double* pa, const double* pb,
     cdef Py_ssize_t p, i, j
     cdef double a_i
     cdef double* c_row
+    for i in range(m_here):
+        # every cache line of the C tile's rows: they are read and written after the k loop
+        j = 0
+        while j < n_here:
+            cyattn_prefetch_w(c + i * rsc + j * csc)
+            j += 8 if csc == 1 else 1
+        cyattn_prefetch_w(c + i * rsc + (n_here - 1) * csc)
     for i in range(MRD):
-        cyattn_prefetch_w(c + i * rsc)
         for j in range(NRD):
             acc[i][j] = 0
     for p in range(kc):
@@ -956,18 +987,32 @@ cdef inline void* align_ptr(void* raw) noexcept nogil:
     return <void*>((<uintptr_t>raw + ALIGN - 1) & ~(<uintptr_t>(ALIGN - 1)))
 
 
-cdef Py_ssize_t matmul_tile_n(Py_ssize_t batch, Py_ssize_t M, Py_ssize_t N, Py_ssize_t nr,
-                              int* n_threads) noexcept nogil:
-    """Width of the output tiles (MC x tile_n) of a batched product: NC, split along N in nr
-    steps until every thread has two tiles; caps n_threads at the number of tiles."""
-    cdef Py_ssize_t tile_n = round_up(N if N < NC else NC, nr)
-    cdef Py_ssize_t tiles = batch * ((M + MC - 1) // MC) * ((N + tile_n - 1) // tile_n)
-    while tiles < 2 * n_threads[0] and tile_n > nr:
-        tile_n = round_up(tile_n // 2, nr)
-        tiles = batch * ((M + MC - 1) // MC) * ((N + tile_n - 1) // tile_n)
+cdef void matmul_tiles(Py_ssize_t batch, Py_ssize_t M, Py_ssize_t N, Py_ssize_t mr,
+                       Py_ssize_t nr, int* n_threads, Py_ssize_t* tile_m,
+                       Py_ssize_t* tile_n) noexcept nogil:
+    """Output tiles (tile_m x tile_n) of a batched product; caps n_threads at the tile count.
+
+    Each tile packs its own rows of A and columns of B (gemm_block), so one tile per batch entry
+    (at most NC wide) packs each operand once. With several threads, tiles are halved until
+    every thread has two, always along the longer side, so that the smaller operand is the one
+    packed again. Tiling never splits K, so the result does not depend on it.
+    """
+    cdef Py_ssize_t tm = round_up(M, mr)
+    cdef Py_ssize_t tn = round_up(N if N < NC else NC, nr)
+    cdef Py_ssize_t want = 2 * n_threads[0] if n_threads[0] > 1 else 1
+    cdef Py_ssize_t tiles = batch * ((M + tm - 1) // tm) * ((N + tn - 1) // tn)
+    while tiles < want:
+        if tm > mr and (tm >= tn or tn <= nr):
+            tm = round_up(tm // 2, mr)
+        elif tn > nr:
+            tn = round_up(tn // 2, nr)
+        else:
+            break
+        tiles = batch * ((M + tm - 1) // tm) * ((N + tn - 1) // tn)
     if n_threads[0] > tiles:
         n_threads[0] = <int>(tiles if tiles > 0 else 1)
-    return tile_n
+    tile_m[0] = tm
+    tile_n[0] = tn
 
 
 cdef int matmul_worker(const floating* a, const int64_t* a_off, Py_ssize_t rsa, Py_ssize_t csa,
@@ -1962,8 +2007,10 @@ def matmul_accumulate(a, const int64_t[::1] a_off, Py_ssize_t rsa, Py_ssize_t cs
     cdef Py_ssize_t batch = c_off.shape[0]
     cdef Py_ssize_t tile_m, tile_n
     cdef bint dbl
-    tile_m = MC
-    tile_n = matmul_tile_n(batch, M, N, NRD if a.itemsize == 8 else NR, &n_threads)
+    if a.itemsize == 8:
+        matmul_tiles(batch, M, N, MRD, NRD, &n_threads, &tile_m, &tile_n)
+    else:
+        matmul_tiles(batch, M, N, MR, NR, &n_threads, &tile_m, &tile_n)
     ap = _buf(a, &av, False)
     try:
         dbl = av.itemsize == 8
@@ -2121,12 +2168,14 @@ def matmul_fast(a, b, out, double alpha, int n_threads):
                         or <uintptr_t>cv.buf % code
                         or not _disjoint(&cv, &av) or not _disjoint(&cv, &bv)):
                     return False
-                tile_m = MC
-                tile_n = matmul_tile_n(1, M, N, NRD if code == 8 else NR, &n_threads)
                 if n_threads > (M * N * K) >> 18:     # small products run on fewer threads
                     n_threads = <int>((M * N * K) >> 18)
                 if n_threads < 1:
                     n_threads = 1
+                if code == 8:
+                    matmul_tiles(1, M, N, MRD, NRD, &n_threads, &tile_m, &tile_n)
+                else:
+                    matmul_tiles(1, M, N, MR, NR, &n_threads, &tile_m, &tile_n)
                 with nogil:
                     if code == 8:
                         matmul_tasks_impl(<const double*>av.buf, &zero, K, 1,
