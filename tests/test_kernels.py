@@ -129,6 +129,26 @@ def test_matmul_sizes(variant, dtype, shape):
     assert_close(out, ref, dtype, k=K)
 
 
+@pytest.mark.parametrize("shape", [(64, 64, 64), (13, 50, 70), (5, 64, 256), (3, 40, 1),
+                                   (96, 96, 96), (7, 24, 9)],
+                         ids=lambda s: "x".join(map(str, s)))
+@native_dtypes
+def test_matmul_unpacked_small_path_same_bits(variant, dtype, shape):
+    # Small products of row-major operands skip packing (gemm_small, with zero rows and a
+    # packed last panel at the edges); a Fortran-order A takes the packed path. Both must sum
+    # every element in the same order, so the bits are equal.
+    M, N, K = shape
+    rng = np.random.default_rng(M * 7 + N * 3 + K)
+    a = rng.standard_normal((M, K)).astype(dtype)
+    b = rng.standard_normal((K, N)).astype(dtype)
+    out0 = rng.standard_normal((M, N)).astype(dtype)
+    direct, packed = out0.copy(), out0.copy()
+    cyattn.matmul_accumulate(a, b, direct, alpha=-0.75, n_threads=1)
+    cyattn.matmul_accumulate(np.asfortranarray(a), b, packed, alpha=-0.75, n_threads=1)
+    np.testing.assert_array_equal(direct, packed)
+    assert_close(direct, numpy_matmul(a, b, out0, -0.75), dtype, k=K)
+
+
 ATT_COMBOS = [  # (L, S, E, Ev)
     (1, 1, 1, 1), (2, 3, 7, 8), (3, 2, 8, 9), (7, 9, 15, 16), (8, 17, 16, 15),
     (9, 31, 17, 7), (15, 16, 31, 33), (16, 15, 33, 31), (17, 33, 9, 8), (31, 7, 63, 2),

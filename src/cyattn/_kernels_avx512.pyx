@@ -14,4 +14,14 @@ cdef enum:
     NC = 4032         # columns of B packed at once (a multiple of NR and NRD)
     NR_MAX = 32        # the wider of NR and NRD: panel buffers are sized for it
 
+# The unpacked micro-kernel of small products (gemm_small): 4 rows keep its row pointers
+# in registers.
+cdef enum:
+    DMR = 4
+    DNR = 64
+    DMRD = 4
+    DNRD = 32
+    DMR_MAX = 4
+    DNR_MAX = 64
+
 include "_kernels_impl.pxi"

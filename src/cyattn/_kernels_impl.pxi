@@ -35,6 +35,10 @@
 #   splits its output into tiles only as far as threads need (matmul_tiles): each tile packs
 #   its own B, and tiles of MC rows repacked B once per 144 rows (13 % of an n=1024 product).
 #   The micro-kernel prefetches every cache line of its C tile on entry (+4-8 % at n >= 1024).
+#   Products up to SMALL_MNK with row-major A and B and K <= KC skip packing (gemm_small): a
+#   DMR x DNR micro-kernel reads A's rows and B's rows in place (4 rows keep the row pointers
+#   in registers; 8 spilled them), with the same multiply-adds in the same order, so the same
+#   bits. Packing was a third of an n=64 product.
 # * fused attention (Milakov and Gimelshein 2018; Dao et al. 2022): per task (batch entry, group
 #   of up to QG_DENSE, or QG with a causal mask, query rows) walk the keys in blocks of KB with
 #   an online softmax, transposed:
@@ -105,6 +109,7 @@ cdef enum:
     DECODE_PF_BYTES = 4096  # software prefetch distance of the decode loops
     DECODE_CHUNK = 512   # keys per decode task (fixed: results must not depend on threads)
     ALIGN = 64        # scratch alignment in bytes
+    SMALL_MNK = 96 * 96 * 96   # matmul products up to this size run unpacked (gemm_small)
 
 
 # ------------------------------------------------------------------------------------------
@@ -874,6 +879,91 @@ cdef void micro_kernel_f64(Py_ssize_t kc, const double* pa, const double* pb,
                     c[i * rsc + j * csc] += alpha * acc[i][j]
 
 
+cdef void micro_kernel_direct(Py_ssize_t kc, const floating* a, Py_ssize_t rsa,
+                              const floating* zeros, const floating* b, Py_ssize_t rsb,
+                              floating* c, Py_ssize_t rsc, Py_ssize_t csc,
+                              Py_ssize_t m_here, Py_ssize_t n_here, floating alpha) noexcept nogil:
+    """C[0:m_here, 0:n_here] += alpha * A[0:m_here, 0:kc] @ B[0:kc, 0:nr] with A and B read
+    in place (unit column strides; B holds DNR / DNRD readable columns): the unpacked micro-kernel of
+    products too small to amortise packing. A's rows past m_here read ``zeros`` (kc zeros).
+    Each element is summed over k in the same order, with the same multiply-adds, as by the
+    packed micro-kernel, so the bits are the same."""
+    cdef floating acc[DMR_MAX][DNR_MAX]
+    cdef const floating* ar[DMR_MAX]
+    cdef const floating* bp
+    cdef Py_ssize_t p, i, j
+    cdef floating a_i
+    cdef floating* c_row
+    if floating is float:
+        for i in range(DMR):
+            ar[i] = a + i * rsa if i < m_here else zeros
+            for j in range(DNR):
+                acc[i][j] = 0
+        for p in range(kc):
+            bp = b + p * rsb
+            for i in range(DMR):
+                a_i = ar[i][p]
+                for j in range(DNR):
+                    acc[i][j] += a_i * bp[j]
+        if m_here == DMR and n_here == DNR and csc == 1:
+            for i in range(DMR):
+                c_row = c + i * rsc
+                for j in range(DNR):
+                    c_row[j] += alpha * acc[i][j]
+            return
+    else:
+        for i in range(DMRD):
+            ar[i] = a + i * rsa if i < m_here else zeros
+            for j in range(DNRD):
+                acc[i][j] = 0
+        for p in range(kc):
+            bp = b + p * rsb
+            for i in range(DMRD):
+                a_i = ar[i][p]
+                for j in range(DNRD):
+                    acc[i][j] += a_i * bp[j]
+        if m_here == DMRD and n_here == DNRD and csc == 1:
+            for i in range(DMRD):
+                c_row = c + i * rsc
+                for j in range(DNRD):
+                    c_row[j] += alpha * acc[i][j]
+            return
+    for i in range(m_here):
+        for j in range(n_here):
+            c[i * rsc + j * csc] += alpha * acc[i][j]
+
+
+cdef void gemm_small(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
+                     const floating* a, Py_ssize_t rsa, const floating* b, Py_ssize_t rsb,
+                     floating* c, Py_ssize_t rsc, Py_ssize_t csc,
+                     floating* buf_a, floating* buf_b) noexcept nogil:
+    """C += alpha A B for K <= KC and A, B with unit column strides, unpacked: full column
+    panels of B are read in place, the last partial one is packed (zero padded) into buf_b,
+    and buf_a holds the K zeros that stand in for A's rows past M."""
+    cdef Py_ssize_t mr = DMR if floating is float else DMRD
+    cdef Py_ssize_t nr = DNR if floating is float else DNRD
+    cdef Py_ssize_t jr, ir, n_here
+    cdef const floating* bj
+    cdef Py_ssize_t ldb
+    memset(buf_a, 0, <size_t>K * sizeof(floating))
+    jr = 0
+    while jr < N:
+        n_here = N - jr if N - jr < nr else nr
+        if n_here == nr:
+            bj = b + jr
+            ldb = rsb
+        else:
+            pack_b(K, n_here, b + jr, rsb, 1, buf_b, nr)
+            bj = buf_b
+            ldb = nr
+        ir = 0
+        while ir < M:
+            micro_kernel_direct(K, a + ir * rsa, rsa, buf_a, bj, ldb, c + ir * rsc + jr * csc,
+                                rsc, csc, M - ir if M - ir < mr else mr, n_here, alpha)
+            ir += mr
+        jr += nr
+
+
 cdef void gemm_block(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
                      const floating* a, Py_ssize_t rsa, Py_ssize_t csa,
                      const floating* b, Py_ssize_t rsb, Py_ssize_t csb,
@@ -890,6 +980,7 @@ cdef void gemm_block(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
     cdef Py_ssize_t i, j
     cdef Py_ssize_t mr = MR if floating is float else MRD
     cdef Py_ssize_t nr = NR if floating is float else NRD
+    cdef Py_ssize_t dnr = DNR if floating is float else DNRD
     if M <= 0 or N <= 0:
         return
     if K <= 0:
@@ -897,6 +988,11 @@ cdef void gemm_block(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
             for i in range(M):
                 for j in range(N):
                     c[i * rsc + j * csc] = 0
+        return
+    if (K <= KC and csa == 1 and csb == 1 and not overwrite and M * N * K <= SMALL_MNK
+            and round_up(N, dnr) - N <= round_up(N, nr) - N):
+        # small, row-major, and the unpacked tile pads no more columns than the packed one
+        gemm_small(M, N, K, alpha, a, rsa, b, rsb, c, rsc, csc, buf_a, buf_b)
         return
     jc = 0
     while jc < N:
@@ -1028,7 +1124,8 @@ cdef int matmul_worker(const floating* a, const int64_t* a_off, Py_ssize_t rsa, 
     cdef Py_ssize_t ntasks = batch * tiles_m * tiles_n
     cdef Py_ssize_t t, bi, ti, tj, i0, j0, mm, nn
     cdef Py_ssize_t kc_max = K if K < KC else KC
-    cdef Py_ssize_t nb = round_up(min(tile_n, N, NC), NR if floating is float else NRD)
+    cdef Py_ssize_t nb = max(round_up(min(tile_n, N, NC), NR if floating is float else NRD),
+                             DNR_MAX)
     cdef Py_ssize_t ma = round_up(tile_m if tile_m < M else M, MR if floating is float else MRD)
     cdef size_t bytes_a = <size_t>((ma if ma < MC else MC) * (kc_max if kc_max > 0 else 1)) \
         * sizeof(floating)
