@@ -1736,7 +1736,10 @@ cdef int attention_worker(const floating* q, const int64_t* q_off, Py_ssize_t q_
     cdef size_t bytes_k = <size_t>(round_up(KB, mr) * e1) * sizeof(floating)
     cdef size_t bytes_v = <size_t>(round_up(ev1, mr) * KB) * sizeof(floating)
     cdef size_t bytes_tile = <size_t>(nr * KB) * sizeof(floating)
-    cdef size_t bytes_o = <size_t>(qlanes * ev1) * sizeof(floating)
+    # O^T rows one cache line longer than the query lanes: at 1024 lanes the rows of a
+    # micro-tile would be 4 KiB apart and fall into one L1 set
+    cdef Py_ssize_t ld_o = qlanes + 64 // sizeof(floating)
+    cdef size_t bytes_o = <size_t>(ld_o * ev1) * sizeof(floating)
     cdef size_t bytes_rows = <size_t>(3 * qlanes) * sizeof(floating)
     cdef void* raw = malloc(bytes_q + bytes_k + bytes_v + bytes_tile + bytes_o + bytes_rows
                             + 7 * ALIGN)
@@ -1766,7 +1769,7 @@ cdef int attention_worker(const floating* q, const int64_t* q_off, Py_ssize_t q_
                              amask + mo if amask != NULL else NULL, m_rs, m_cs,
                              out + (bi * L + i0) * Ev, lse + bi * L + i0,
                              i0, rows, S, E, Ev, scale, causal, causal_off,
-                             qt_packed, k_packed, vt_packed, tile, ot, qlanes,
+                             qt_packed, k_packed, vt_packed, tile, ot, ld_o,
                              row_m, row_m + qlanes, row_m + 2 * qlanes)
         if redo_nonfinite_rows(q + q_off[bi], q_rs, q_cs, k + k_off[bi], k_rs, k_cs,
                                v + v_off[bi], v_rs, v_cs,
