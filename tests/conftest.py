@@ -10,8 +10,14 @@
 * :func:`call_checked`: call a public function and assert that no input array was modified.
 * :func:`layout_variants`: the same data in other memory layouts (Fortran, transposed and
   reversed views, slices, a misaligned byte-offset buffer, read-only).
+* :func:`run_forked`: run a function in a forked child and collect what it sends, failing
+  (instead of hanging) when the child deadlocks.
+* :class:`FakeTorchMHA` / :class:`FakeTensor`: a duck-typed torch.nn.MultiheadAttention for
+  ``MultiHeadAttention.from_torch`` without torch.
 """
 import math
+import multiprocessing
+import warnings
 
 import numpy as np
 import pytest
@@ -314,3 +320,86 @@ def grid_values(rng, shape, lo=-2.0, hi=2.0, step=1.0 / 256):
     integer multiples of step^2 keep float64 sums of their products exact."""
     n = rng.integers(round(lo / step), round(hi / step) + 1, size=shape)
     return n.astype(np.float64) * step
+
+
+# ------------------------------------------------------------------------------------------
+# Fork and torch stand-ins
+# ------------------------------------------------------------------------------------------
+
+def run_forked(target, args, timeout=60):
+    """Run ``target(conn, *args)`` in a forked child, which sends ``(status, payload)`` on
+    ``conn`` ("ok" or "error"), and return what it sent.
+
+    Raises AssertionError if the child sends nothing or does not exit within ``timeout``
+    seconds (a deadlock after fork); a child that sent "ok" but exited with a nonzero code
+    gives ``("error", "exit code N")``. The child is killed on the way out if still alive.
+    Callers skip first where the "fork" start method is not available.
+    """
+    ctx = multiprocessing.get_context("fork")
+    receiver, sender = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=target, args=(sender, *args))
+    with warnings.catch_warnings():
+        # Python >= 3.12 warns about fork() in a multi-threaded process; that is the point.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        proc.start()
+    sender.close()
+    try:
+        # Read before joining: the child blocks on a large send until the parent reads.
+        if not receiver.poll(timeout):
+            raise AssertionError(f"forked child sent nothing within {timeout} s "
+                                 "(deadlock after fork?)")
+        status, payload = receiver.recv()
+        proc.join(timeout)
+        if proc.is_alive():
+            raise AssertionError(f"forked child did not exit within {timeout} s")
+        if status == "ok" and proc.exitcode != 0:
+            status, payload = "error", f"exit code {proc.exitcode}"
+        return status, payload
+    finally:
+        receiver.close()
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+
+
+class FakeTensor:
+    """Just enough of a torch tensor for from_torch: ``.detach().cpu().numpy()``."""
+
+    def __init__(self, arr):
+        self.arr = arr
+
+    def detach(self):
+        return self
+
+    def cpu(self):
+        return self
+
+    def numpy(self):
+        return self.arr
+
+
+class FakeTorchMHA:
+    """Duck-typed stand-in for torch.nn.MultiheadAttention (no torch needed).
+
+    Takes its shape attributes and parameters from ``source`` (a cyattn.MultiHeadAttention),
+    in training mode without dropout; ``attrs`` override any attribute (``_state``: the
+    parameters that ``state_dict`` returns as tensors).
+    """
+
+    def __init__(self, source, **attrs):
+        self.embed_dim = source.embed_dim
+        self.num_heads = source.num_heads
+        self.batch_first = source.batch_first
+        self.kdim, self.vdim = source.kdim, source.vdim
+        self.dropout = 0.0
+        self.training = True
+        self.bias_k = self.bias_v = None
+        self.add_zero_attn = False
+        self._state = source.state_dict()
+        self.__dict__.update(attrs)
+
+    def state_dict(self):
+        return {k: FakeTensor(v) for k, v in self._state.items()}

@@ -29,10 +29,10 @@ import sysconfig
 import threading
 import time
 import traceback
-import warnings
 
 import numpy as np
 import pytest
+from conftest import FakeTorchMHA, run_forked
 
 import cyattn
 
@@ -471,33 +471,7 @@ def _child_compute(conn, calls, thread_counts, grandchild):
 
 def _in_forked_child(calls, thread_counts, grandchild, timeout=60):
     """Fork a child running _child_compute; returns (status, payload) or fails on a hang."""
-    ctx = multiprocessing.get_context("fork")
-    receiver, sender = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child_compute, args=(sender, calls, thread_counts, grandchild))
-    with warnings.catch_warnings():
-        # Python >= 3.12 warns about fork() in a multi-threaded process; that is the point.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        proc.start()
-    sender.close()
-    try:
-        if not receiver.poll(timeout):
-            raise AssertionError(f"forked child sent nothing within {timeout} s "
-                                 "(deadlock after fork?)")
-        status, payload = receiver.recv()
-        proc.join(timeout)
-        if proc.is_alive():
-            raise AssertionError(f"forked child did not exit within {timeout} s")
-        if status == "ok" and proc.exitcode != 0:
-            status, payload = "error", f"exit code {proc.exitcode}"
-        return status, payload
-    finally:
-        receiver.close()
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
+    return run_forked(_child_compute, (calls, thread_counts, grandchild), timeout)
 
 
 def _parent_reference(calls):
@@ -1219,10 +1193,10 @@ def test_failed_module_calls_change_nothing(separate):
          "add_bias_kv is not supported"),
         (lambda: m.load_state_dict({k_: a for k_, a in state.items() if k_ != first}),
          ValueError, "missing keys"),
-        (lambda: cyattn.MultiHeadAttention.from_torch(_FakeTorchModule(m, state),
+        (lambda: cyattn.MultiHeadAttention.from_torch(FakeTorchMHA(m, _state=state),
                                                       dtype=np.int8),
          TypeError, "dtype must be float16, float32 or float64"),
-        (lambda: cyattn.MultiHeadAttention.from_torch(_FakeTorchModule(m, state, dropout=0.5)),
+        (lambda: cyattn.MultiHeadAttention.from_torch(FakeTorchMHA(m, _state=state, dropout=0.5)),
          ValueError, "inference only"),
     ]
     before_params = _module_arrays(m)
@@ -1232,34 +1206,6 @@ def test_failed_module_calls_change_nothing(separate):
             call()
         assert _module_arrays(m) == before_params, f"module changed by failing call: {match}"
         assert g.snapshot() == before, f"an argument changed by failing call: {match}"
-
-
-class _FakeTorchModule:
-    """Just enough of torch.nn.MultiheadAttention for from_torch (duck typed)."""
-
-    class _Tensor:
-        def __init__(self, arr):
-            self.arr = arr
-
-        def detach(self):
-            return self
-
-        def cpu(self):
-            return self
-
-        def numpy(self):
-            return self.arr
-
-    def __init__(self, source, state, dropout=0.0):
-        self.embed_dim, self.num_heads = source.embed_dim, source.num_heads
-        self.batch_first, self.kdim, self.vdim = source.batch_first, source.kdim, source.vdim
-        self.dropout, self.training = dropout, True
-        self.bias_k = self.bias_v = None
-        self.add_zero_attn = False
-        self._state = state
-
-    def state_dict(self):
-        return {k: self._Tensor(v) for k, v in self._state.items()}
 
 
 @pytest.mark.parametrize("fn_name", ["softmax", "log_softmax", "matmul", "sdpa"])

@@ -10,6 +10,7 @@ import zlib
 
 import numpy as np
 import pytest
+from conftest import FakeTorchMHA
 
 import cyattn
 from cyattn import oracle
@@ -724,51 +725,18 @@ def test_load_state_dict_errors():
         nobias.load_state_dict(good)
 
 
-class _FakeTensor:
-    def __init__(self, arr):
-        self.arr = arr
-
-    def detach(self):
-        return self
-
-    def cpu(self):
-        return self
-
-    def numpy(self):
-        return self.arr
-
-
-class _FakeTorchMHA:
-    """Duck-typed stand-in for torch.nn.MultiheadAttention (no torch needed)."""
-
-    def __init__(self, source, **attrs):
-        self.embed_dim = source.embed_dim
-        self.num_heads = source.num_heads
-        self.batch_first = source.batch_first
-        self.kdim, self.vdim = source.kdim, source.vdim
-        self.dropout = 0.0
-        self.training = True
-        self.bias_k = self.bias_v = None
-        self.add_zero_attn = False
-        self._state = source.state_dict()
-        self.__dict__.update(attrs)
-
-    def state_dict(self):
-        return {k: _FakeTensor(v) for k, v in self._state.items()}
-
-
 def test_from_torch_duck_typed_without_torch():
     src = cyattn.MultiHeadAttention(6, 3, kdim=4, vdim=5, batch_first=True, dtype=np.float64,
                                     seed=2)
-    m = cyattn.MultiHeadAttention.from_torch(_FakeTorchMHA(src))
+    m = cyattn.MultiHeadAttention.from_torch(FakeTorchMHA(src))
     assert (m.embed_dim, m.num_heads, m.kdim, m.vdim, m.batch_first) == (6, 3, 4, 5, True)
     assert m.dtype == np.float64
     for name, value in src.state_dict().items():
         np.testing.assert_array_equal(m.state_dict()[name], value)
-    assert cyattn.MultiHeadAttention.from_torch(_FakeTorchMHA(src),
+    assert cyattn.MultiHeadAttention.from_torch(FakeTorchMHA(src),
                                                 dtype=np.float32).dtype == np.float32
     # dropout is accepted in eval mode (torch applies none there)
-    assert cyattn.MultiHeadAttention.from_torch(_FakeTorchMHA(src, dropout=0.1,
+    assert cyattn.MultiHeadAttention.from_torch(FakeTorchMHA(src, dropout=0.1,
                                                               training=False)).num_heads == 3
 
 
@@ -782,13 +750,13 @@ def test_from_torch_duck_typed_without_torch():
 def test_from_torch_errors_without_torch(attrs, match):
     src = cyattn.MultiHeadAttention(6, 3, seed=2)
     with pytest.raises(ValueError, match=match):
-        cyattn.MultiHeadAttention.from_torch(_FakeTorchMHA(src, **attrs))
+        cyattn.MultiHeadAttention.from_torch(FakeTorchMHA(src, **attrs))
 
 
 def test_from_torch_dtype_error_without_torch():
     src = cyattn.MultiHeadAttention(6, 3, seed=2)
     with pytest.raises(TypeError, match="dtype must be float16, float32 or float64"):
-        cyattn.MultiHeadAttention.from_torch(_FakeTorchMHA(src), dtype=np.int8)
+        cyattn.MultiHeadAttention.from_torch(FakeTorchMHA(src), dtype=np.int8)
 
 
 # --------------------------------------------------------------------------------------------

@@ -24,11 +24,11 @@ import sys
 import threading
 import time
 import traceback
-import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_forked
 
 import cyattn
 
@@ -461,7 +461,7 @@ def test_PKG_01_fork_safe():
     """PKG-01: after the parent used the thread pool, a forked child can still run SDPA."""
     assert SPECIAL_CASES["fork_safe"]["id"] == "PKG-01"
     try:
-        ctx = multiprocessing.get_context("fork")
+        multiprocessing.get_context("fork")
     except ValueError:
         pytest.skip("the 'fork' start method is not available on this platform")
 
@@ -473,30 +473,8 @@ def test_PKG_01_fork_safe():
     again = cyattn.scaled_dot_product_attention(query, key, value, n_threads=2)
     np.testing.assert_array_equal(again, parent)
 
-    receiver, sender = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_fork_child, args=(sender, query, key, value), daemon=True)
-    with warnings.catch_warnings():
-        # Python >= 3.12 warns about fork() in a multi-threaded process; that is the point.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        proc.start()
-    sender.close()
-    try:
-        # Read before joining: the child blocks on a large send until the parent reads.
-        if not receiver.poll(60):
-            pytest.fail("forked child did not deliver a result within 60 s (deadlock after fork?)")
-        status, payload = receiver.recv()
-        proc.join(60)
-        assert not proc.is_alive(), "forked child did not exit within 60 s"
-    finally:
-        receiver.close()
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
+    status, payload = run_forked(_fork_child, (query, key, value))
     assert status == "ok", f"forked child failed:\n{payload}"
-    assert proc.exitcode == 0
     np.testing.assert_allclose(payload, parent, rtol=1e-12, atol=1e-12)
 
 
