@@ -74,17 +74,7 @@ export PYTHONMALLOC=malloc OMP_NUM_THREADS=2
 # ---------------------------------------------------------------------------------------------
 step "stage the source tree in $out/src"
 rm -rf "$out/src" "$out/venv" "$out/run"
-mkdir -p "$out/src"
-if git -C "$root" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-    (cd "$root" && git ls-files -z --cached --others --exclude-standard) |
-        while IFS= read -r -d '' f; do [ -f "$root/$f" ] && printf '%s\n' "$f"; done |
-        sort -u > "$out/source-files.txt"
-else
-    (cd "$root" && find . -type f ! -path './build/*' ! -path './dist/*' ! -path '*/__pycache__/*' \
-        ! -path './.git/*' ! -name '*.so' ! -name '*.pyd' ! -name '*.c' | sed 's|^\./||') |
-        sort -u > "$out/source-files.txt"
-fi
-(cd "$root" && tr '\n' '\0' < "$out/source-files.txt" | xargs -0 cp --parents -t "$out/src")
+stage_source_tree "$root" "$out"
 echo "staged $(wc -l < "$out/source-files.txt") files"
 
 step "fresh venv; pip install the staged copy (normal build) and the test dependencies"

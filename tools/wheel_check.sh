@@ -45,17 +45,7 @@ tool_pkgs=(build==1.6.1 twine==7.0.0 check-wheel-contents==0.6.3 "validate-pypro
 # ---------------------------------------------------------------------------------------------
 step "stage the source tree in $out/src"
 rm -rf "$out/src" "$out/dist" "$out/sdist" "$out/wheel" "$out/wheelhouse" "$out/venv" "$out/run"
-mkdir -p "$out/src"
-if git -C "$root" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-    # Tracked files plus new files not ignored by .gitignore (so build products never leak in).
-    (cd "$root" && git ls-files -z --cached --others --exclude-standard) |
-        while IFS= read -r -d '' f; do [ -f "$root/$f" ] && printf '%s\n' "$f"; done |
-        sort -u > "$out/source-files.txt"
-else
-    (cd "$root" && find . -type f ! -path './build/*' ! -path './dist/*' ! -path '*/__pycache__/*' \
-        ! -name '*.so' ! -name '*.pyd' ! -name '*.c' | sed 's|^\./||') | sort -u > "$out/source-files.txt"
-fi
-(cd "$root" && tr '\n' '\0' < "$out/source-files.txt" | xargs -0 cp --parents -t "$out/src")
+stage_source_tree "$root" "$out"
 echo "staged $(wc -l < "$out/source-files.txt") files"
 
 step "tools venv (${tool_pkgs[*]})"
