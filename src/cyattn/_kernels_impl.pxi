@@ -824,6 +824,7 @@ cdef void micro_kernel_f32(Py_ssize_t kc, const float* pa, const float* pb,
     cdef float acc[MR][NR]
     cdef Py_ssize_t p, i, j
     cdef float a_i
+    cdef float zero = 0
     cdef float* c_row
     # C is read and written after the k loop: prefetch every cache line of the tile's rows
     # when accumulating into it (+4-8 % on large products), only each row's first otherwise
@@ -835,10 +836,19 @@ cdef void micro_kernel_f32(Py_ssize_t kc, const float* pa, const float* pb,
             for j in range(0, NR, 16):
                 cyattn_prefetch_w(c + i * rsc + j)
             cyattn_prefetch_w(c + i * rsc + NR - 1)
+    if kc <= 0:                 # (no caller passes it) C = 0, or C unchanged
+        if overwrite:
+            for i in range(m_here):
+                for j in range(n_here):
+                    c[i * rsc + j * csc] = 0
+        return
+    # The first k step starts the sums (0 + a b, the same as zeroing and accumulating):
+    # zeroing acc made gcc clear its stack copy with a 1 KiB rep stos on every call.
     for i in range(MR):
+        a_i = pa[i]
         for j in range(NR):
-            acc[i][j] = 0
-    for p in range(kc):
+            acc[i][j] = a_i * pb[j] + zero
+    for p in range(1, kc):
         for i in range(MR):
             a_i = pa[p * MR + i]
             for j in range(NR):
@@ -869,6 +879,7 @@ cdef void micro_kernel_f64(Py_ssize_t kc, const double* pa, const double* pb,
     cdef double acc[MRD][NRD]
     cdef Py_ssize_t p, i, j
     cdef double a_i
+    cdef double zero = 0
     cdef double* c_row
     # C is read and written after the k loop: prefetch every cache line of the tile's rows
     # when accumulating into it (+4-8 % on large products), only each row's first otherwise
@@ -880,10 +891,19 @@ cdef void micro_kernel_f64(Py_ssize_t kc, const double* pa, const double* pb,
             for j in range(0, NRD, 8):
                 cyattn_prefetch_w(c + i * rsc + j)
             cyattn_prefetch_w(c + i * rsc + NRD - 1)
+    if kc <= 0:                 # (no caller passes it) C = 0, or C unchanged
+        if overwrite:
+            for i in range(m_here):
+                for j in range(n_here):
+                    c[i * rsc + j * csc] = 0
+        return
+    # The first k step starts the sums (0 + a b, the same as zeroing and accumulating):
+    # zeroing acc made gcc clear its stack copy with a 1 KiB rep stos on every call.
     for i in range(MRD):
+        a_i = pa[i]
         for j in range(NRD):
-            acc[i][j] = 0
-    for p in range(kc):
+            acc[i][j] = a_i * pb[j] + zero
+    for p in range(1, kc):
         for i in range(MRD):
             a_i = pa[p * MRD + i]
             for j in range(NRD):
