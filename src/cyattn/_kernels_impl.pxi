@@ -934,19 +934,22 @@ cdef void micro_kernel_direct(Py_ssize_t kc, const floating* a, Py_ssize_t rsa,
     in place (unit column strides; B holds DNR / DNRD readable columns): the unpacked micro-kernel of
     products too small to amortise packing. A's rows past m_here read ``zeros`` (kc zeros).
     Each element is summed over k in the same order, with the same multiply-adds, as by the
-    packed micro-kernel, so the bits are the same."""
+    packed micro-kernel, so the bits are the same. kc >= 1."""
     cdef floating acc[DMR_MAX][DNR_MAX]
     cdef const floating* ar[DMR_MAX]
     cdef const floating* bp
     cdef Py_ssize_t p, i, j
     cdef floating a_i
+    cdef floating zero = 0
     cdef floating* c_row
     if floating is float:
         for i in range(DMR):
             ar[i] = a + i * rsa if i < m_here else zeros
+        for i in range(DMR):             # the first k step starts the sums (micro_kernel_f32)
+            a_i = ar[i][0]
             for j in range(DNR):
-                acc[i][j] = 0
-        for p in range(kc):
+                acc[i][j] = a_i * b[j] + zero
+        for p in range(1, kc):
             bp = b + p * rsb
             for i in range(DMR):
                 a_i = ar[i][p]
@@ -961,9 +964,11 @@ cdef void micro_kernel_direct(Py_ssize_t kc, const floating* a, Py_ssize_t rsa,
     else:
         for i in range(DMRD):
             ar[i] = a + i * rsa if i < m_here else zeros
+        for i in range(DMRD):             # the first k step starts the sums (micro_kernel_f32)
+            a_i = ar[i][0]
             for j in range(DNRD):
-                acc[i][j] = 0
-        for p in range(kc):
+                acc[i][j] = a_i * b[j] + zero
+        for p in range(1, kc):
             bp = b + p * rsb
             for i in range(DMRD):
                 a_i = ar[i][p]
