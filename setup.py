@@ -38,7 +38,8 @@ class BuildExt(build_ext):
     """Adds optimisation, ISA and OpenMP flags that depend on the compiler in use."""
 
     def _compiles_and_links(self, cflags, ldflags):
-        code = "#include <omp.h>\nint main(void){int n=0;\n#pragma omp parallel\n{n=omp_get_num_threads();}\nreturn n<1;}\n"
+        code = ("#include <omp.h>\nint main(void){int n=0;\n#pragma omp parallel\n"
+                "{n=omp_get_num_threads();}\nreturn n<1;}\n")
         with tempfile.TemporaryDirectory() as tmp:
             src = os.path.join(tmp, "omp_probe.c")
             with open(src, "w") as fh:

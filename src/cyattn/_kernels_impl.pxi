@@ -931,8 +931,9 @@ cdef void micro_kernel_direct(Py_ssize_t kc, const floating* a, Py_ssize_t rsa,
                               floating* c, Py_ssize_t rsc, Py_ssize_t csc,
                               Py_ssize_t m_here, Py_ssize_t n_here, floating alpha) noexcept nogil:
     """C[0:m_here, 0:n_here] += alpha * A[0:m_here, 0:kc] @ B[0:kc, 0:nr] with A and B read
-    in place (unit column strides; B holds DNR / DNRD readable columns): the unpacked micro-kernel of
-    products too small to amortise packing. A's rows past m_here read ``zeros`` (kc zeros).
+    in place (unit column strides; B holds DNR / DNRD readable columns): the unpacked
+    micro-kernel of products too small to amortise packing. A's rows past m_here read
+    ``zeros`` (kc zeros).
     Each element is summed over k in the same order, with the same multiply-adds, as by the
     packed micro-kernel, so the bits are the same. kc >= 1."""
     cdef floating acc[DMR_MAX][DNR_MAX]
