@@ -4,24 +4,5 @@
 
 VARIANT = "avx2"
 
-# Micro-kernel tiles and blocking for this variant (see the design notes in _kernels_impl.pxi).
-cdef enum:
-    MR = 4             # float32 micro-kernel rows
-    NR = 24            # float32 micro-kernel columns (> 16 trips: see PERF-NOTES)
-    MRD = 2            # float64 micro-kernel rows
-    NRD = 24           # float64 micro-kernel columns
-    MC = 144          # rows of A packed at once (a multiple of MR and MRD)
-    NC = 4032         # columns of B packed at once (a multiple of NR and NRD)
-    NR_MAX = 24        # the wider of NR and NRD: panel buffers are sized for it
-
-# The unpacked micro-kernel of small products (gemm_small): 4 rows keep its row pointers
-# in registers.
-cdef enum:
-    DMR = 4
-    DNR = 24
-    DMRD = 2
-    DNRD = 24
-    DMR_MAX = 4
-    DNR_MAX = 24
-
+include "_tiles_4x24.pxi"
 include "_kernels_impl.pxi"

@@ -1,0 +1,20 @@
+# Micro-kernel tiles and blocking shared by the baseline and avx2 variants (16 vector
+# registers each): both .pyx include this before _kernels_impl.pxi (see the design notes
+# there; the avx512 variant defines its own).
+cdef enum:
+    MR = 4             # float32 micro-kernel rows
+    NR = 24            # float32 micro-kernel columns (> 16 trips: see PERF-NOTES)
+    MRD = 2            # float64 micro-kernel rows
+    NRD = 24           # float64 micro-kernel columns
+    MC = 144          # rows of A packed at once (a multiple of MR and MRD)
+    NC = 4032         # columns of B packed at once (a multiple of NR and NRD)
+    NR_MAX = 24        # the wider of NR and NRD: panel buffers are sized for it
+
+# The unpacked micro-kernel of small products (gemm_small): the same tile here.
+cdef enum:
+    DMR = 4
+    DNR = 24
+    DMRD = 2
+    DNRD = 24
+    DMR_MAX = 4
+    DNR_MAX = 24
