@@ -992,13 +992,15 @@ cdef void gemm_small(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
                      floating* buf_a, floating* buf_b) noexcept nogil:
     """C += alpha A B for K <= KC and A, B with unit column strides, unpacked: full column
     panels of B are read in place, the last partial one is packed (zero padded) into buf_b,
-    and buf_a holds the K zeros that stand in for A's rows past M."""
+    and buf_a holds the K zeros that stand in for A's rows past M (read only when M is not a
+    multiple of the tile's rows)."""
     cdef Py_ssize_t mr = DMR if floating is float else DMRD
     cdef Py_ssize_t nr = DNR if floating is float else DNRD
     cdef Py_ssize_t jr, ir, n_here
     cdef const floating* bj
     cdef Py_ssize_t ldb
-    memset(buf_a, 0, <size_t>K * sizeof(floating))
+    if M % mr:
+        memset(buf_a, 0, <size_t>K * sizeof(floating))
     jr = 0
     while jr < N:
         n_here = N - jr if N - jr < nr else nr
