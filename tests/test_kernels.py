@@ -7,6 +7,7 @@ Tolerances come from conftest.TOLERANCES (via ``assert_close``/``tol``) only.
 """
 import contextlib
 import functools
+import importlib
 import math
 import warnings
 
@@ -722,6 +723,85 @@ def test_softmax_out_written_directly(variant, dtype, log, monkeypatch):
     np.testing.assert_array_equal(out, expected)
     assert _sm(log)(x, axis=-1, out=out) is out
     np.testing.assert_array_equal(out, expected_plain)
+
+
+@softmax_fns
+@native_dtypes
+def test_softmax_fast_path_matches_general_path(variant, dtype, log, monkeypatch):
+    # Calls without a mask on C-contiguous, aligned float32/float64 arrays over the last axis
+    # (with or without a matching out) skip the Python checks (softmax_fast); the result must be
+    # the general path's, bit for bit. The general path is reached with axis=ndim-1 (the fast
+    # path takes only the default -1), so both run the same kernel on the same rows.
+    rng = np.random.default_rng(25)
+    calls = []
+    module = importlib.import_module("cyattn.softmax")    # cyattn.softmax is the function
+    real = module._softmax
+
+    def counted(*args):
+        calls.append(args[0])
+        return real(*args)
+
+    monkeypatch.setattr(module, "_softmax", counted)
+    for shape in ((1,), (7,), (1, 33), (5, 64), (3, 4, 129), (2, 1, 3, 1000)):
+        x = (rng.standard_normal(shape) * 5).astype(dtype)
+        x.reshape(-1)[::7] = -np.inf                       # fully masked rows included
+        if len(shape) > 1:
+            x[(0,) * (len(shape) - 1)] = -np.inf
+        general = _sm(log)(x, axis=x.ndim - 1)
+        n_general = len(calls)
+        assert n_general > 0
+        got = call_checked(_sm(log), x)
+        assert got.dtype == dtype and got.shape == x.shape and got.flags.c_contiguous
+        np.testing.assert_array_equal(got, general)
+        out = np.full(shape, 7.0, dtype)
+        assert call_checked(_sm(log), x, out=out) is out
+        np.testing.assert_array_equal(out, general)
+        assert len(calls) == n_general, "the fast path was not taken"
+
+
+@softmax_fns
+def test_softmax_fast_path_declines_other_inputs(variant, log):
+    # Whatever the fast path does not take goes to the general path, with its results and
+    # errors: float16, other layouts, misaligned or byte-swapped buffers, subclasses, empty
+    # arrays, and an out that overlaps x, has another dtype or shape, or is read-only.
+    rng = np.random.default_rng(26)
+    x = rng.standard_normal((4, 40)).astype(np.float32)
+    ref = _sm(log)(x.astype(np.float64))
+    tol = dict(rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(_sm(log)(x.astype(np.float16)), ref, rtol=2e-3, atol=2e-3)
+    assert _sm(log)(x.astype(np.float16)).dtype == np.float16
+    np.testing.assert_allclose(_sm(log)(np.asfortranarray(x)), ref, **tol)
+    raw = np.zeros(x.size * 4 + 1, np.uint8)
+    mis = raw[1:].view(np.float32).reshape(x.shape)
+    mis[...] = x
+    np.testing.assert_allclose(_sm(log)(mis), ref, **tol)
+    np.testing.assert_allclose(_sm(log)(x.astype(">f4")), ref, **tol)
+    np.testing.assert_allclose(np.asarray(_sm(log)(np.ma.masked_array(x))), ref, **tol)
+    assert _sm(log)(np.empty((3, 0), np.float32)).shape == (3, 0)
+    assert _sm(log)(np.empty((0, 5), np.float32)).shape == (0, 5)
+    # out overlapping x (x itself, and shifted by one row): computed as if out were separate
+    y = x.copy()
+    assert _sm(log)(y, out=y) is y
+    np.testing.assert_allclose(y, ref, **tol)
+    buf = np.concatenate([x, x[:1]])
+    _sm(log)(buf[:4], out=buf[1:])
+    np.testing.assert_allclose(buf[1:], ref, **tol)
+    for bad, err in ((np.empty((4, 40), np.float64), ValueError),
+                     (np.empty((4, 41), np.float32), ValueError),
+                     (np.empty((40, 4), np.float32).T, None)):
+        if err is None:                        # a transposed (Fortran) out is fine
+            assert _sm(log)(x, out=bad) is bad
+            np.testing.assert_allclose(bad, ref, **tol)
+            continue
+        bad[...] = 3.0
+        with pytest.raises(err, match="out"):
+            _sm(log)(x, out=bad)
+        assert (bad == 3.0).all()
+    ro = np.full(x.shape, 3.0, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="out"):
+        _sm(log)(x, out=ro)
+    assert (ro == 3.0).all()
 
 
 @all_dtypes

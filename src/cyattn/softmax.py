@@ -6,6 +6,20 @@ from . import _validate as V
 
 __all__ = ["softmax", "log_softmax"]
 
+_ndarray = np.ndarray
+_empty = np.empty
+
+
+def _fast_call(x, axis, mask, out, log_out):
+    """The common call: a C-contiguous, aligned float32/float64 ndarray over its last axis,
+    without a mask, into a new array or a matching C-contiguous ``out`` that shares no memory
+    with ``x``. The kernel module checks the buffers in one pass; None means the call must take
+    the general path (which also produces every error message)."""
+    if not (mask is None and type(x) is _ndarray and type(axis) is int and axis == -1
+            and (out is None or type(out) is _ndarray)):
+        return None
+    return _backend.kernels.softmax_fast(x, out, log_out, V.fast_threads(None), _empty)
+
 
 def _softmax(fname, x, axis, mask, out, log_out):
     x = V.as_float_array(x, "x", fname)
@@ -112,6 +126,9 @@ def softmax(x, axis=-1, *, mask=None, out=None):
     >>> cyattn.softmax(np.array([1.0, 5.0, 2.0]), mask=np.array([True, False, True])).round(4)
     array([0.2689, 0.    , 0.7311])
     """
+    fast = _fast_call(x, axis, mask, out, False)
+    if fast is not None:
+        return fast
     return _softmax("cyattn.softmax", x, axis, mask, out, False)
 
 
@@ -155,4 +172,7 @@ def log_softmax(x, axis=-1, *, mask=None, out=None):
     >>> cyattn.log_softmax(np.array([0.0, 0.0])).round(4)
     array([-0.6931, -0.6931])
     """
+    fast = _fast_call(x, axis, mask, out, True)
+    if fast is not None:
+        return fast
     return _softmax("cyattn.log_softmax", x, axis, mask, out, True)
