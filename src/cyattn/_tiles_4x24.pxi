@@ -9,6 +9,7 @@ cdef enum:
     MC = 144          # rows of A packed at once (a multiple of MR and MRD)
     NC = 4032         # columns of B packed at once (a multiple of NR and NRD)
     NR_MAX = 24        # the wider of NR and NRD: panel buffers are sized for it
+    STAGE_EXPS = 0     # softmax_pair_to stores its exps straight to the output
 
 # The unpacked micro-kernel of small products (gemm_small): the same tile here.
 cdef enum:
