@@ -200,8 +200,10 @@ def test_nonfinite_rows_redo_leaves_other_rows_bit_identical(variant, path):
 @pytest.mark.parametrize("S", [300, 512])
 def test_fused_shortened_exp_matches_general_path(variant, dtype, S):
     # A key block with no masked score takes the shortened exp (exp_nonpos); one with a masked
-    # key takes the general exp. An extra key that the mask removes adds exact zeros, so the
-    # results must be the same bits whichever exp ran.
+    # (-inf) key too, with the masked lanes zeroed; one with a finite score far below the
+    # others (beyond EXP_NORMAL) takes the general exp. An extra key that the mask removes, or
+    # whose weight underflows, adds exact zeros, so the results must be the same bits
+    # whichever exp ran.
     rng = np.random.default_rng(41)
     q, k, v = _qkv(rng, 1, 2, 70, S, 32, dtype=dtype)
     q *= 2
@@ -213,6 +215,34 @@ def test_fused_shortened_exp_matches_general_path(variant, dtype, S):
     got, lse = sdpa(q, k2, v2, keep, return_lse=True)
     np.testing.assert_array_equal(got, base)
     np.testing.assert_array_equal(lse, base_lse)
+    k3 = np.concatenate([k2, rng.standard_normal((1, 2, 1, 32)).astype(dtype)], axis=2)
+    v3 = np.concatenate([v2, rng.standard_normal((1, 2, 1, 32)).astype(dtype)], axis=2)
+    add = np.zeros((70, S + 2), dtype)
+    add[:, -2] = -np.inf
+    add[:, -1] = -2000.0                       # exp underflows to exactly 0 in both dtypes
+    got, lse = sdpa(q, k3, v3, add, return_lse=True)
+    np.testing.assert_array_equal(got, base)
+    np.testing.assert_array_equal(lse, base_lse)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_fused_masked_block_keeps_nan_scores(variant, dtype):
+    # A key block whose only out-of-range scores are masked (-inf) takes the shortened exp
+    # with those lanes zeroed; a NaN score in the same block must still make its row NaN (a
+    # draft zeroed every lane that was not > -inf, NaN included, and returned finite rows).
+    rng = np.random.default_rng(43)
+    q, k, v = _qkv(rng, 1, 1, 40, 300, 16, dtype=dtype)
+    k[0, 0, 7, :] = np.nan                     # key 7 scores NaN for every query
+    keep = np.ones((40, 300), bool)
+    keep[:, 3] = False
+    keep[:20, 250] = False
+    add = np.where(keep, 0.0, -np.inf).astype(dtype)
+    for mask in (keep, add):
+        assert np.isnan(sdpa(q, k, v, mask)).all()
+    keep[:, 7] = False                         # masked, the NaN key is never weighed
+    out = sdpa(q, k, v, keep)
+    ref, _ = numpy_sdpa(q, np.nan_to_num(k), v, keep)
+    assert_close(out, ref, dtype, k=300)
 
 
 @pytest.mark.parametrize("shape", [(1, 3, 2, 5000, 32), (2, 2, 300, 800, 16), (1, 1, 520, 520, 8)])

@@ -16,7 +16,8 @@
 #   The loop body is branch-free and gcc vectorises it. exp_nonpos is the same computation for
 #   arguments in [-87, 0] (float64: [-708, 0]), where 2^n is one normal factor and the clamps do
 #   nothing: the same bits in ~7 fewer operations. A softmax row or attention score panel whose
-#   smallest shifted score is in range (no masked or far-off score) uses it.
+#   smallest shifted score is in range (no masked or far-off score) uses it; an attention panel
+#   whose only out-of-range scores are masked (-inf) uses it too, with those lanes zeroed.
 # * softmax rows: three passes (max and min; exp and sum; scale) with LANES lane-wise partial
 #   maxima and sums combined in a fixed order, so results do not depend on threads. Unmasked
 #   rows run two at a time with fused loops (softmax_pair_to), the same bits as one by one.
@@ -1361,6 +1362,18 @@ cdef void attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
 # Floor of the online-softmax shift: a query lane that has seen only -inf scores so far is
 # shifted by -FLT_MAX instead of -inf, so exp(-inf - shift) = 0 rather than NaN. A module
 # variable, so that gcc turns max(m, floor) into vmaxps (see EXP_LO_F32).
+cdef inline floating exp_nonpos_or_zero(floating s, floating shift) noexcept nogil:
+    """exp_any(s - shift) where s - shift >= EXP_NORMAL, s == -inf (exactly +0, as exp_any
+    gives) or s is NaN (NaN): exp_nonpos, with the masked lanes zeroed by an integer mask (a
+    float select would stay a branch under -ftrapping-math). NaN != -inf keeps a NaN."""
+    cdef floating e = exp_nonpos(s - shift)
+    if floating is float:
+        return _f32_from_bits(<uint32_t>_f32_bits(e) & (0u - <uint32_t>(s != -CYATTN_INF)))
+    else:
+        return _f64_from_bits(<uint64_t>_f64_bits(e)
+                              & (<uint64_t>0 - <uint64_t>(s != -CYATTN_INF)))
+
+
 cdef float SHIFT_FLOOR_F32 = -3.4028234663852886e38
 cdef double SHIFT_FLOOR_F64 = -1.7976931348623157e308
 
@@ -1378,7 +1391,11 @@ cdef void panel_online_softmax(floating* panel, Py_ssize_t kb, floating* row_m, 
     cdef Py_ssize_t p, j
     cdef floating col_max[NR_MAX]
     cdef floating col_min[NR_MAX]
+    cdef floating kept_min[NR_MAX]
     cdef floating shift[NR_MAX]
+    cdef floating neg_inf = <floating>-CYATTN_INF
+    cdef floating pos_inf = <floating>CYATTN_INF
+    cdef int kept_nonpos
     cdef floating normal = EXP_NORMAL_F32 if floating is float else EXP_NORMAL_F64
     cdef int nonpos
     cdef floating part[NR_MAX]
@@ -1389,6 +1406,7 @@ cdef void panel_online_softmax(floating* panel, Py_ssize_t kb, floating* row_m, 
         for j in range(NR):
             col_max[j] = row_m[j]
             col_min[j] = <floating>CYATTN_INF
+            kept_min[j] = <floating>CYATTN_INF
             part[j] = 0
         for p in range(kb):
             row = panel + p * NR
@@ -1396,17 +1414,28 @@ cdef void panel_online_softmax(floating* panel, Py_ssize_t kb, floating* row_m, 
                 s = row[j]
                 col_max[j] = s if s > col_max[j] else col_max[j]
                 col_min[j] = s if s < col_min[j] else col_min[j]
+                s = s if s > neg_inf else pos_inf       # the minimum over unmasked scores
+                kept_min[j] = s if s < kept_min[j] else kept_min[j]
         nonpos = 1
+        kept_nonpos = 1
         for j in range(NR):
             shift[j] = col_max[j] if col_max[j] > floor_ else floor_
             factor[j] = exp_any(row_m[j] - shift[j])
             row_m[j] = col_max[j]
             nonpos = nonpos & (col_min[j] - shift[j] >= normal)
+            kept_nonpos = kept_nonpos & (kept_min[j] - shift[j] >= normal)
         if nonpos:                  # no masked or far-off score: the same bits, fewer steps
             for p in range(kb):
                 row = panel + p * NR
                 for j in range(NR):
                     e = exp_nonpos(row[j] - shift[j])
+                    row[j] = e
+                    part[j] += e
+        elif kept_nonpos:           # masked (-inf) scores, the others in range: as above, with
+            for p in range(kb):     # the masked ones exactly 0, as exp_any makes them
+                row = panel + p * NR
+                for j in range(NR):
+                    e = exp_nonpos_or_zero(row[j], shift[j])
                     row[j] = e
                     part[j] += e
         else:
@@ -1422,6 +1451,7 @@ cdef void panel_online_softmax(floating* panel, Py_ssize_t kb, floating* row_m, 
         for j in range(NRD):
             col_max[j] = row_m[j]
             col_min[j] = <floating>CYATTN_INF
+            kept_min[j] = <floating>CYATTN_INF
             part[j] = 0
         for p in range(kb):
             row = panel + p * NRD
@@ -1429,17 +1459,28 @@ cdef void panel_online_softmax(floating* panel, Py_ssize_t kb, floating* row_m, 
                 s = row[j]
                 col_max[j] = s if s > col_max[j] else col_max[j]
                 col_min[j] = s if s < col_min[j] else col_min[j]
+                s = s if s > neg_inf else pos_inf       # the minimum over unmasked scores
+                kept_min[j] = s if s < kept_min[j] else kept_min[j]
         nonpos = 1
+        kept_nonpos = 1
         for j in range(NRD):
             shift[j] = col_max[j] if col_max[j] > floor_ else floor_
             factor[j] = exp_any(row_m[j] - shift[j])
             row_m[j] = col_max[j]
             nonpos = nonpos & (col_min[j] - shift[j] >= normal)
+            kept_nonpos = kept_nonpos & (kept_min[j] - shift[j] >= normal)
         if nonpos:                  # no masked or far-off score: the same bits, fewer steps
             for p in range(kb):
                 row = panel + p * NRD
                 for j in range(NRD):
                     e = exp_nonpos(row[j] - shift[j])
+                    row[j] = e
+                    part[j] += e
+        elif kept_nonpos:           # masked (-inf) scores, the others in range: as above, with
+            for p in range(kb):     # the masked ones exactly 0, as exp_any makes them
+                row = panel + p * NRD
+                for j in range(NRD):
+                    e = exp_nonpos_or_zero(row[j], shift[j])
                     row[j] = e
                     part[j] += e
         else:
