@@ -1414,8 +1414,6 @@ cdef void panel_online_softmax(floating* panel, Py_ssize_t kb, floating* row_m, 
                 s = row[j]
                 col_max[j] = s if s > col_max[j] else col_max[j]
                 col_min[j] = s if s < col_min[j] else col_min[j]
-                s = s if s > neg_inf else pos_inf       # the minimum over unmasked scores
-                kept_min[j] = s if s < kept_min[j] else kept_min[j]
         nonpos = 1
         kept_nonpos = 1
         for j in range(NR):
@@ -1423,7 +1421,15 @@ cdef void panel_online_softmax(floating* panel, Py_ssize_t kb, floating* row_m, 
             factor[j] = exp_any(row_m[j] - shift[j])
             row_m[j] = col_max[j]
             nonpos = nonpos & (col_min[j] - shift[j] >= normal)
-            kept_nonpos = kept_nonpos & (kept_min[j] - shift[j] >= normal)
+        if not nonpos:              # the minimum over the unmasked scores (a second pass only
+            for p in range(kb):     # here: in the first it cost a dense call 1-4 %)
+                row = panel + p * NR
+                for j in range(NR):
+                    s = row[j]
+                    s = s if s > neg_inf else pos_inf
+                    kept_min[j] = s if s < kept_min[j] else kept_min[j]
+            for j in range(NR):
+                kept_nonpos = kept_nonpos & (kept_min[j] - shift[j] >= normal)
         if nonpos:                  # no masked or far-off score: the same bits, fewer steps
             for p in range(kb):
                 row = panel + p * NR
@@ -1459,8 +1465,6 @@ cdef void panel_online_softmax(floating* panel, Py_ssize_t kb, floating* row_m, 
                 s = row[j]
                 col_max[j] = s if s > col_max[j] else col_max[j]
                 col_min[j] = s if s < col_min[j] else col_min[j]
-                s = s if s > neg_inf else pos_inf       # the minimum over unmasked scores
-                kept_min[j] = s if s < kept_min[j] else kept_min[j]
         nonpos = 1
         kept_nonpos = 1
         for j in range(NRD):
@@ -1468,7 +1472,15 @@ cdef void panel_online_softmax(floating* panel, Py_ssize_t kb, floating* row_m, 
             factor[j] = exp_any(row_m[j] - shift[j])
             row_m[j] = col_max[j]
             nonpos = nonpos & (col_min[j] - shift[j] >= normal)
-            kept_nonpos = kept_nonpos & (kept_min[j] - shift[j] >= normal)
+        if not nonpos:              # the minimum over the unmasked scores (a second pass only
+            for p in range(kb):     # here: in the first it cost a dense call 1-4 %)
+                row = panel + p * NRD
+                for j in range(NRD):
+                    s = row[j]
+                    s = s if s > neg_inf else pos_inf
+                    kept_min[j] = s if s < kept_min[j] else kept_min[j]
+            for j in range(NRD):
+                kept_nonpos = kept_nonpos & (kept_min[j] - shift[j] >= normal)
         if nonpos:                  # no masked or far-off score: the same bits, fewer steps
             for p in range(kb):
                 row = panel + p * NRD
