@@ -260,6 +260,18 @@ cdef inline floating exp_nonpos(floating x) noexcept nogil:
         return exp_f64_nonpos(x)
 
 
+cdef inline floating exp_nonpos_or_zero(floating s, floating shift) noexcept nogil:
+    """exp_any(s - shift) where s - shift >= EXP_NORMAL, s == -inf (exactly +0, as exp_any
+    gives) or s is NaN (NaN): exp_nonpos, with the masked lanes zeroed by an integer mask (a
+    float select would stay a branch under -ftrapping-math). NaN != -inf keeps a NaN."""
+    cdef floating e = exp_nonpos(s - shift)
+    if floating is float:
+        return _f32_from_bits(<uint32_t>_f32_bits(e) & (0u - <uint32_t>(s != -CYATTN_INF)))
+    else:
+        return _f64_from_bits(<uint64_t>_f64_bits(e)
+                              & (<uint64_t>0 - <uint64_t>(s != -CYATTN_INF)))
+
+
 cdef void exp_array(const floating* x, floating* y, Py_ssize_t n, bint nonpos) noexcept nogil:
     cdef Py_ssize_t j
     if nonpos:
@@ -1362,18 +1374,6 @@ cdef void attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
 # Floor of the online-softmax shift: a query lane that has seen only -inf scores so far is
 # shifted by -FLT_MAX instead of -inf, so exp(-inf - shift) = 0 rather than NaN. A module
 # variable, so that gcc turns max(m, floor) into vmaxps (see EXP_LO_F32).
-cdef inline floating exp_nonpos_or_zero(floating s, floating shift) noexcept nogil:
-    """exp_any(s - shift) where s - shift >= EXP_NORMAL, s == -inf (exactly +0, as exp_any
-    gives) or s is NaN (NaN): exp_nonpos, with the masked lanes zeroed by an integer mask (a
-    float select would stay a branch under -ftrapping-math). NaN != -inf keeps a NaN."""
-    cdef floating e = exp_nonpos(s - shift)
-    if floating is float:
-        return _f32_from_bits(<uint32_t>_f32_bits(e) & (0u - <uint32_t>(s != -CYATTN_INF)))
-    else:
-        return _f64_from_bits(<uint64_t>_f64_bits(e)
-                              & (<uint64_t>0 - <uint64_t>(s != -CYATTN_INF)))
-
-
 cdef float SHIFT_FLOOR_F32 = -3.4028234663852886e38
 cdef double SHIFT_FLOOR_F64 = -1.7976931348623157e308
 
@@ -1406,7 +1406,6 @@ cdef void panel_online_softmax(floating* panel, Py_ssize_t kb, floating* row_m, 
         for j in range(NR):
             col_max[j] = row_m[j]
             col_min[j] = <floating>CYATTN_INF
-            kept_min[j] = <floating>CYATTN_INF
             part[j] = 0
         for p in range(kb):
             row = panel + p * NR
@@ -1422,7 +1421,9 @@ cdef void panel_online_softmax(floating* panel, Py_ssize_t kb, floating* row_m, 
             row_m[j] = col_max[j]
             nonpos = nonpos & (col_min[j] - shift[j] >= normal)
         if not nonpos:              # the minimum over the unmasked scores (a second pass only
-            for p in range(kb):     # here: in the first it cost a dense call 1-4 %)
+            for j in range(NR):     # here: in the first it cost a dense call 1-4 %)
+                kept_min[j] = pos_inf
+            for p in range(kb):
                 row = panel + p * NR
                 for j in range(NR):
                     s = row[j]
@@ -1457,7 +1458,6 @@ cdef void panel_online_softmax(floating* panel, Py_ssize_t kb, floating* row_m, 
         for j in range(NRD):
             col_max[j] = row_m[j]
             col_min[j] = <floating>CYATTN_INF
-            kept_min[j] = <floating>CYATTN_INF
             part[j] = 0
         for p in range(kb):
             row = panel + p * NRD
@@ -1473,7 +1473,9 @@ cdef void panel_online_softmax(floating* panel, Py_ssize_t kb, floating* row_m, 
             row_m[j] = col_max[j]
             nonpos = nonpos & (col_min[j] - shift[j] >= normal)
         if not nonpos:              # the minimum over the unmasked scores (a second pass only
-            for p in range(kb):     # here: in the first it cost a dense call 1-4 %)
+            for j in range(NRD):    # here: in the first it cost a dense call 1-4 %)
+                kept_min[j] = pos_inf
+            for p in range(kb):
                 row = panel + p * NRD
                 for j in range(NRD):
                     s = row[j]
@@ -2500,7 +2502,7 @@ def softmax_fast(x, out, bint log_out, int n_threads, empty):
     without a mask: one pass of checks on the buffers (the general path cost ~4 us per call)."""
     cdef Py_buffer xv, ov
     cdef int code, d
-    cdef Py_ssize_t n, rows
+    cdef Py_ssize_t n, rows, work
     cdef object res = out
     if not _get_contiguous(x, &xv, False):
         return None
@@ -2524,8 +2526,9 @@ def softmax_fast(x, out, bint log_out, int n_threads, empty):
                 for d in range(xv.ndim):
                     if ov.shape[d] != xv.shape[d]:
                         return None
-            if n_threads > ((rows * n) >> 15):          # as threads_for_work(..., 1 << 15)
-                n_threads = <int>((rows * n) >> 15) if ((rows * n) >> 15) > 0 else 1
+            work = (rows * n) >> 15                     # as threads_for_work(..., 1 << 15)
+            if n_threads > work:
+                n_threads = <int>(work if work > 0 else 1)
             with nogil:
                 if code == 8:
                     softmax_rows_impl(<const double*>xv.buf, <double*>ov.buf, rows, n,
