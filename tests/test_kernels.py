@@ -804,6 +804,93 @@ def test_softmax_fast_path_declines_other_inputs(variant, log):
     assert (ro == 3.0).all()
 
 
+def _sdpa_both_paths(monkeypatch, q, k, v, mask, **kw):
+    """(fast, general): sdpa's result with the kernel module's one-pass path (asserting that it
+    was taken) and with that path switched off, so the Python checks build the call."""
+    module = importlib.import_module("cyattn.attention")
+    with monkeypatch.context() as m:
+        m.setattr(module, "_fast_call", lambda *args: None)
+        general = cyattn.scaled_dot_product_attention(q, k, v, mask, return_lse=True, **kw)
+    with monkeypatch.context() as m:
+        def general_kernel(*args):
+            raise AssertionError("the fast path was not taken")
+        m.setattr(_backend.kernels, "attention", general_kernel)
+        fast = call_checked(cyattn.scaled_dot_product_attention, q, k, v, mask,
+                            return_lse=True, **kw)
+    return fast, general
+
+
+@native_dtypes
+@pytest.mark.parametrize("causal", ["", "top_left", "bottom_right"])
+def test_sdpa_mask_fast_path_matches_general_path(variant, dtype, causal, monkeypatch):
+    # A bool mask, or a float mask of the data dtype, that broadcasts to (..., L, S) without
+    # enlarging it is handled by attention_fast (offsets and strides computed in C). Every
+    # layout must give the general path's bits: broadcast dims, 0-d, strided, transposed and
+    # reversed views, fully masked rows.
+    rng = np.random.default_rng(27)
+    B, H, L, S, E = 2, 3, 37, 45, 16
+    q = rng.standard_normal((B, H, L, E)).astype(dtype)
+    k = rng.standard_normal((B, H, S, E)).astype(dtype)
+    v = rng.standard_normal((B, H, S, E + 3)).astype(dtype)
+    kw = dict(is_causal=True, causal_alignment=causal) if causal else {}
+    full = rng.random((B, H, L, S)) < 0.7
+    full[0, 1, 5] = False                                     # a fully masked row
+    big = rng.random((2 * S, 2 * L)) < 0.6
+    bools = [full, full[0, 0], full[1, :, :1], full[:1, :1, 3], full[:, :1, :1, :],
+             full[:1], np.array(True), np.array(False), big[::2, ::2].T, big[:L, :S][::-1],
+             full[..., ::-1], np.broadcast_to(full[0, 0, 0], (L, S))]
+    floats = [np.where(m, dtype(0), dtype(-np.inf)) + rng.standard_normal(m.shape).astype(dtype)
+              for m in (full, full[0, 0], full[:, :1, :1, :])]
+    floats.append(np.asfortranarray(floats[1]))
+    floats += [floats[0][:, ::-1], rng.standard_normal((L, 2 * S)).astype(dtype)[:, ::2]]
+    for mask in bools + floats:
+        (out, lse), (g_out, g_lse) = _sdpa_both_paths(monkeypatch, q, k, v, mask, **kw)
+        np.testing.assert_array_equal(out, g_out)
+        np.testing.assert_array_equal(lse, g_lse)
+        assert out.dtype == dtype and lse.dtype == dtype
+    # no batch dims, and one
+    for qq, kk, vv, mask in ((q[0, 0], k[0, 0], v[0, 0], full[0, 0]),
+                             (q[0], k[0], v[0], full[0, :1]),
+                             (q[0], k[0], v[0], full[0, 0])):
+        (out, lse), (g_out, g_lse) = _sdpa_both_paths(monkeypatch, qq, kk, vv, mask, **kw)
+        np.testing.assert_array_equal(out, g_out)
+        np.testing.assert_array_equal(lse, g_lse)
+
+
+def test_sdpa_mask_fast_path_declines_other_masks(variant, monkeypatch):
+    # Masks the fast path does not take reach the general path, with its casts and errors:
+    # float masks of another dtype (cast), byte-swapped, misaligned or strided by a non-multiple
+    # of the itemsize (copied), subclasses and lists, integer masks, masks that would enlarge
+    # the scores.
+    rng = np.random.default_rng(28)
+    L, S, E = 19, 23, 8
+    q = rng.standard_normal((2, L, E)).astype(np.float32)
+    k = rng.standard_normal((2, S, E)).astype(np.float32)
+    v = rng.standard_normal((2, S, E)).astype(np.float32)
+    add = np.where(rng.random((L, S)) < 0.7, 0, -np.inf).astype(np.float32)
+    add += rng.standard_normal((L, S)).astype(np.float32)
+    keep = np.isfinite(add)
+    sdpa = cyattn.scaled_dot_product_attention
+    want = sdpa(q, k, v, add)
+    raw = np.zeros(add.size * 4 + 1, np.uint8)
+    mis = raw[1:].view(np.float32).reshape(add.shape)
+    mis[...] = add
+    raw6 = np.zeros(add.size * 6, np.uint8)
+    odd = np.lib.stride_tricks.as_strided(raw6[:4].view(np.float32), add.shape, (6 * S, 6))
+    odd[...] = add
+    for other in (add.astype(np.float64), add.astype(">f4"), mis, odd, np.ma.masked_array(add),
+                  add.tolist()):
+        np.testing.assert_array_equal(sdpa(q, k, v, other), want)
+    assert_close(sdpa(q, k, v, add.astype(np.float16)),
+                 sdpa(q, k, v, add.astype(np.float16).astype(np.float32)), np.float32)
+    np.testing.assert_array_equal(sdpa(q, k, v, keep.tolist()), sdpa(q, k, v, keep))
+    with pytest.raises(TypeError, match="attn_mask has dtype int64"):
+        sdpa(q, k, v, keep.astype(np.int64))
+    for shape in ((L + 1, S), (L, 1, S), (2, L, 2), (1, 2, L, S), (3, L, S)):
+        with pytest.raises(ValueError, match=r"attn_mask has shape"):
+            sdpa(q, k, v, np.ones(shape, bool))
+
+
 @all_dtypes
 def test_matmul_out_layouts_and_aliasing(variant, dtype):
     rng = np.random.default_rng(22)

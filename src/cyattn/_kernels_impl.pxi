@@ -2543,15 +2543,73 @@ def softmax_fast(x, out, bint log_out, int n_threads, empty):
     return res
 
 
-def attention_fast(q, k, v, scale, bint causal, bint bottom_right, int n_threads, empty):
-    """Attention without a mask for C-contiguous, aligned q (..., L, E), k (..., S, E) and
-    v (..., S, Ev) of one native float dtype, equal batch shapes and L, S, E, Ev > 0: returns
-    (out, lse), both allocated by ``empty(shape, dtype)``, or None without doing anything if
-    the inputs are not of that kind. ``scale`` is a float or None (1 / sqrt(E)). The
-    low-overhead path of scaled_dot_product_attention: one pass of checks on the buffers."""
-    cdef Py_buffer qv, kv, vv, ov, lv
-    cdef int status = 0, code, d, nd
-    cdef Py_ssize_t batch = 1, bi, L, S, E, Ev, work
+cdef enum:
+    FAST_MAX_DIMS = 64  # NumPy's NPY_MAXDIMS: the most dimensions an array can have
+
+
+cdef int _fast_mask_layout(const Py_buffer* mv, int code, const Py_buffer* qv, Py_ssize_t S,
+                           Py_ssize_t batch, int64_t* m_off, Py_ssize_t* m_rs,
+                           Py_ssize_t* m_cs) noexcept:
+    """The kind of a mask buffer for attention_fast: 1 for bool, 2 for an aligned float mask of
+    the data dtype (``code``), 0 for anything else or a mask that does not broadcast to q's
+    batch shape + (L, S) without enlarging it. For kinds 1 and 2, writes the element offset of
+    each batch entry's (L, S) mask (C order, broadcast dims contribute 0) to m_off[0:batch]
+    and the element strides of the L and S dims (0 where broadcast) to m_rs, m_cs."""
+    cdef const char* fmt = mv.format
+    cdef int nd = qv.ndim, nb = qv.ndim - 2, lead = qv.ndim - mv.ndim, kind, d
+    cdef Py_ssize_t item, size, target, bi
+    cdef Py_ssize_t st[FAST_MAX_DIMS]
+    cdef Py_ssize_t idx[FAST_MAX_DIMS]
+    cdef int64_t off = 0
+    if lead < 0 or nd > FAST_MAX_DIMS:
+        return 0
+    if fmt != NULL and fmt[0] == b'?' and fmt[1] == 0 and mv.itemsize == 1:
+        kind = 1
+    elif _float_code(mv) == code and <uintptr_t>mv.buf % code == 0:
+        kind = 2
+    else:
+        return 0
+    item = mv.itemsize
+    for d in range(nd):
+        st[d] = 0
+        idx[d] = 0
+        if d < lead:
+            continue
+        size = mv.shape[d - lead]
+        target = S if d == nd - 1 else qv.shape[d]
+        if size == target and size != 1:
+            if mv.strides[d - lead] % item:
+                return 0
+            st[d] = mv.strides[d - lead] // item
+        elif size != 1:
+            return 0
+    m_rs[0] = st[nd - 2]
+    m_cs[0] = st[nd - 1]
+    for bi in range(batch):                     # odometer over the batch dims, last fastest
+        m_off[bi] = off
+        d = nb - 1
+        while d >= 0:
+            idx[d] += 1
+            off += st[d]
+            if idx[d] < qv.shape[d]:
+                break
+            off -= st[d] * idx[d]
+            idx[d] = 0
+            d -= 1
+    return kind
+
+
+def attention_fast(q, k, v, mask, scale, bint causal, bint bottom_right, int n_threads, empty):
+    """Attention for C-contiguous, aligned q (..., L, E), k (..., S, E) and v (..., S, Ev) of
+    one native float dtype, equal batch shapes and L, S, E, Ev > 0, with ``mask`` None, a bool
+    array or a float array of the data dtype (aligned, any strides) that broadcasts to
+    (..., L, S) without enlarging it: returns (out, lse), both allocated by
+    ``empty(shape, dtype)``, or None without doing anything if the inputs are not of that
+    kind. ``scale`` is a float or None (1 / sqrt(E)). The low-overhead path of
+    scaled_dot_product_attention: one pass of checks on the buffers."""
+    cdef Py_buffer qv, kv, vv, mv, ov, lv
+    cdef int status = 0, code, d, nd, mask_kind = 0
+    cdef Py_ssize_t batch = 1, bi, L, S, E, Ev, work, m_rs = 0, m_cs = 0
     cdef double scale_value
     cdef int64_t* offs
     cdef object res = None, lse = None
@@ -2564,59 +2622,75 @@ def attention_fast(q, k, v, scale, bint causal, bint bottom_right, int n_threads
             if not _get_contiguous(v, &vv, False):
                 return None
             try:
-                code = _float_code(&qv)
-                nd = qv.ndim
-                if (code == 0 or _float_code(&kv) != code or _float_code(&vv) != code
-                        or nd < 2 or kv.ndim != nd or vv.ndim != nd
-                        or <uintptr_t>qv.buf % code or <uintptr_t>kv.buf % code
-                        or <uintptr_t>vv.buf % code):
-                    return None
-                for d in range(nd - 2):
-                    if kv.shape[d] != qv.shape[d] or vv.shape[d] != qv.shape[d]:
-                        return None
-                    batch *= qv.shape[d]
-                L = qv.shape[nd - 2]
-                E = qv.shape[nd - 1]
-                S = kv.shape[nd - 2]
-                Ev = vv.shape[nd - 1]
-                if (kv.shape[nd - 1] != E or vv.shape[nd - 2] != S
-                        or batch == 0 or L == 0 or S == 0 or E == 0 or Ev == 0):
-                    return None
-                scale_value = 1.0 / sqrt(<double>E) if scale is None else <double>scale
-                work = batch * L * S * (E + Ev + 8)        # small calls run on fewer threads
-                if n_threads > (work >> 18):
-                    n_threads = <int>(work >> 18) if (work >> 18) > 0 else 1
-                shape = tuple([qv.shape[d] for d in range(nd - 1)])
-                dtype = "float64" if code == 8 else "float32"
-                res = empty(shape + (Ev,), dtype)
-                lse = empty(shape, dtype)
-                offs = <int64_t*>malloc(<size_t>(3 * batch) * sizeof(int64_t))
-                if offs == NULL:
-                    raise MemoryError("cyattn.scaled_dot_product_attention: could not "
-                                      "allocate scratch")
-                for bi in range(batch):
-                    offs[bi] = bi * L * E
-                    offs[batch + bi] = bi * S * E
-                    offs[2 * batch + bi] = bi * S * Ev
-                try:
-                    PyObject_GetBuffer(res, &ov, PyBUF_RECORDS)
+                if mask is not None:
                     try:
-                        PyObject_GetBuffer(lse, &lv, PyBUF_RECORDS)
+                        PyObject_GetBuffer(mask, &mv, PyBUF_RECORDS_RO)
+                    except Exception:
+                        return None
+                try:
+                    code = _float_code(&qv)
+                    nd = qv.ndim
+                    if (code == 0 or _float_code(&kv) != code or _float_code(&vv) != code
+                            or nd < 2 or kv.ndim != nd or vv.ndim != nd
+                            or <uintptr_t>qv.buf % code or <uintptr_t>kv.buf % code
+                            or <uintptr_t>vv.buf % code):
+                        return None
+                    for d in range(nd - 2):
+                        if kv.shape[d] != qv.shape[d] or vv.shape[d] != qv.shape[d]:
+                            return None
+                        batch *= qv.shape[d]
+                    L = qv.shape[nd - 2]
+                    E = qv.shape[nd - 1]
+                    S = kv.shape[nd - 2]
+                    Ev = vv.shape[nd - 1]
+                    if (kv.shape[nd - 1] != E or vv.shape[nd - 2] != S
+                            or batch == 0 or L == 0 or S == 0 or E == 0 or Ev == 0):
+                        return None
+                    offs = <int64_t*>malloc(<size_t>(4 * batch) * sizeof(int64_t))
+                    if offs == NULL:
+                        raise MemoryError("cyattn.scaled_dot_product_attention: could not "
+                                          "allocate scratch")
+                    try:
+                        if mask is not None:
+                            mask_kind = _fast_mask_layout(&mv, code, &qv, S, batch,
+                                                          offs + 3 * batch, &m_rs, &m_cs)
+                            if mask_kind == 0:
+                                return None
+                        for bi in range(batch):
+                            offs[bi] = bi * L * E
+                            offs[batch + bi] = bi * S * E
+                            offs[2 * batch + bi] = bi * S * Ev
+                        scale_value = 1.0 / sqrt(<double>E) if scale is None else <double>scale
+                        work = batch * L * S * (E + Ev + 8)    # small calls: fewer threads
+                        if n_threads > (work >> 18):
+                            n_threads = <int>(work >> 18) if (work >> 18) > 0 else 1
+                        shape = tuple([qv.shape[d] for d in range(nd - 1)])
+                        dtype = "float64" if code == 8 else "float32"
+                        res = empty(shape + (Ev,), dtype)
+                        lse = empty(shape, dtype)
+                        PyObject_GetBuffer(res, &ov, PyBUF_RECORDS)
                         try:
-                            with nogil:
-                                status = attention_run(
-                                    code == 8, <const char*>qv.buf, offs, E, 1,
-                                    <const char*>kv.buf, offs + batch, E, 1,
-                                    <const char*>vv.buf, offs + 2 * batch, Ev, 1,
-                                    NULL, 0, NULL, 0, 0, <char*>ov.buf, <char*>lv.buf,
-                                    batch, L, S, E, Ev, scale_value, causal,
-                                    (S - L) if bottom_right else 0, n_threads)
+                            PyObject_GetBuffer(lse, &lv, PyBUF_RECORDS)
+                            try:
+                                with nogil:
+                                    status = attention_run(
+                                        code == 8, <const char*>qv.buf, offs, E, 1,
+                                        <const char*>kv.buf, offs + batch, E, 1,
+                                        <const char*>vv.buf, offs + 2 * batch, Ev, 1,
+                                        <const char*>mv.buf if mask_kind else NULL,
+                                        mask_kind, offs + 3 * batch, m_rs, m_cs,
+                                        <char*>ov.buf, <char*>lv.buf,
+                                        batch, L, S, E, Ev, scale_value, causal,
+                                        (S - L) if bottom_right else 0, n_threads)
+                            finally:
+                                PyBuffer_Release(&lv)
                         finally:
-                            PyBuffer_Release(&lv)
+                            PyBuffer_Release(&ov)
                     finally:
-                        PyBuffer_Release(&ov)
+                        free(offs)
                 finally:
-                    free(offs)
+                    if mask is not None:
+                        PyBuffer_Release(&mv)
             finally:
                 PyBuffer_Release(&vv)
         finally:
