@@ -804,29 +804,33 @@ def test_softmax_fast_path_declines_other_inputs(variant, log):
     assert (ro == 3.0).all()
 
 
-def _sdpa_both_paths(monkeypatch, q, k, v, mask, **kw):
-    """(fast, general): sdpa's result with the kernel module's one-pass path (asserting that it
-    was taken) and with that path switched off, so the Python checks build the call."""
+def _sdpa_both_paths(monkeypatch, q, k, v, mask, out=None, **kw):
+    """(fast, general): sdpa's (result, lse) with the kernel module's one-pass path (asserting
+    that it was taken; it writes ``out``) and with that path switched off, so the Python checks
+    build the call (it writes a copy of ``out``)."""
     module = importlib.import_module("cyattn.attention")
     with monkeypatch.context() as m:
         m.setattr(module, "_fast_call", lambda *args: None)
-        general = cyattn.scaled_dot_product_attention(q, k, v, mask, return_lse=True, **kw)
+        general = cyattn.scaled_dot_product_attention(
+            q, k, v, mask, return_lse=True, out=None if out is None else out.copy(), **kw)
     with monkeypatch.context() as m:
         def general_kernel(*args):
             raise AssertionError("the fast path was not taken")
         m.setattr(_backend.kernels, "attention", general_kernel)
         fast = call_checked(cyattn.scaled_dot_product_attention, q, k, v, mask,
-                            return_lse=True, **kw)
+                            return_lse=True, out=out, **kw)
+    assert out is None or fast[0] is out
     return fast, general
 
 
 @native_dtypes
 @pytest.mark.parametrize("causal", ["", "top_left", "bottom_right"])
-def test_sdpa_mask_fast_path_matches_general_path(variant, dtype, causal, monkeypatch):
-    # A bool mask, or a float mask of the data dtype, that broadcasts to (..., L, S) without
-    # enlarging it is handled by attention_fast (offsets and strides computed in C). Every
-    # layout must give the general path's bits: broadcast dims, 0-d, strided, transposed and
-    # reversed views, fully masked rows.
+def test_sdpa_fast_path_matches_general_path(variant, dtype, causal, monkeypatch):
+    # C-contiguous, aligned inputs of one native dtype take attention_fast, which checks the
+    # buffers in one pass and computes the offsets and strides in C: with a bool mask, or a
+    # float mask of the data dtype, that broadcasts to (..., L, S) without enlarging it (any
+    # layout), with GQA, with an out= it can write directly. Every case must give the general
+    # path's bits.
     rng = np.random.default_rng(27)
     B, H, L, S, E = 2, 3, 37, 45, 16
     q = rng.standard_normal((B, H, L, E)).astype(dtype)
@@ -841,13 +845,17 @@ def test_sdpa_mask_fast_path_matches_general_path(variant, dtype, causal, monkey
              full[..., ::-1], np.broadcast_to(full[0, 0, 0], (L, S))]
     floats = [np.where(m, dtype(0), dtype(-np.inf)) + rng.standard_normal(m.shape).astype(dtype)
               for m in (full, full[0, 0], full[:, :1, :1, :])]
-    floats.append(np.asfortranarray(floats[1]))
-    floats += [floats[0][:, ::-1], rng.standard_normal((L, 2 * S)).astype(dtype)[:, ::2]]
-    for mask in bools + floats:
+    floats += [np.asfortranarray(floats[1]), floats[0][:, ::-1],
+               rng.standard_normal((L, 2 * S)).astype(dtype)[:, ::2]]
+    for mask in [None] + bools + floats:
         (out, lse), (g_out, g_lse) = _sdpa_both_paths(monkeypatch, q, k, v, mask, **kw)
         np.testing.assert_array_equal(out, g_out)
         np.testing.assert_array_equal(lse, g_lse)
         assert out.dtype == dtype and lse.dtype == dtype
+        res = np.full(out.shape, 7.0, dtype)
+        (out, lse), (g_out, g_lse) = _sdpa_both_paths(monkeypatch, q, k, v, mask, res, **kw)
+        np.testing.assert_array_equal(out, g_out)
+        np.testing.assert_array_equal(lse, g_lse)
     # no batch dims, and one
     for qq, kk, vv, mask in ((q[0, 0], k[0, 0], v[0, 0], full[0, 0]),
                              (q[0], k[0], v[0], full[0, :1]),
@@ -855,13 +863,24 @@ def test_sdpa_mask_fast_path_matches_general_path(variant, dtype, causal, monkey
         (out, lse), (g_out, g_lse) = _sdpa_both_paths(monkeypatch, qq, kk, vv, mask, **kw)
         np.testing.assert_array_equal(out, g_out)
         np.testing.assert_array_equal(lse, g_lse)
+    # GQA: 6 query heads on 3, 2 or 1 key/value heads (also 6: no grouping)
+    q6 = rng.standard_normal((B, 6, L, E)).astype(dtype)
+    for hk in (6, 3, 2, 1):
+        for mask in (None, full[:, :1], full[0, 0], floats[2]):
+            (out, lse), (g_out, g_lse) = _sdpa_both_paths(
+                monkeypatch, q6, k[:, :hk].copy() if hk <= H else np.concatenate([k, k], 1),
+                v[:, :hk].copy() if hk <= H else np.concatenate([v, v], 1), mask,
+                enable_gqa=True, **kw)
+            np.testing.assert_array_equal(out, g_out)
+            np.testing.assert_array_equal(lse, g_lse)
 
 
-def test_sdpa_mask_fast_path_declines_other_masks(variant, monkeypatch):
-    # Masks the fast path does not take reach the general path, with its casts and errors:
+def test_sdpa_fast_path_declines_other_inputs(variant):
+    # What the fast path does not take reaches the general path, with its casts and errors:
     # float masks of another dtype (cast), byte-swapped, misaligned or strided by a non-multiple
     # of the itemsize (copied), subclasses and lists, integer masks, masks that would enlarge
-    # the scores.
+    # the scores; an out that overlaps an input (the result goes through a temporary), is not
+    # C-contiguous, or has the wrong shape or dtype, or is read-only (raises, untouched).
     rng = np.random.default_rng(28)
     L, S, E = 19, 23, 8
     q = rng.standard_normal((2, L, E)).astype(np.float32)
@@ -889,6 +908,37 @@ def test_sdpa_mask_fast_path_declines_other_masks(variant, monkeypatch):
     for shape in ((L + 1, S), (L, 1, S), (2, L, 2), (1, 2, L, S), (3, L, S)):
         with pytest.raises(ValueError, match=r"attn_mask has shape"):
             sdpa(q, k, v, np.ones(shape, bool))
+    # out overlapping q, and out overlapping a reversed mask only below the mask's first
+    # element (a check of [first element, + size) would miss it): batch entry 0's output
+    # would overwrite mask rows that entry 1 still reads
+    qq = q.copy()
+    assert sdpa(qq, k, v, add, out=qq, n_threads=1) is qq
+    np.testing.assert_array_equal(qq, want)
+    buf = np.zeros(L * E + L * S, np.float32)
+    region = buf[L * E - 10:L * E - 10 + L * S]
+    rmask = region.reshape(L, S)[::-1]
+    rmask[...] = add
+    res = buf[:2 * L * E].reshape(2, L, E)
+    assert sdpa(q, k, v, rmask, out=res, n_threads=1) is res
+    np.testing.assert_array_equal(res, want)
+    fo = np.zeros((E, L, 2), np.float32).T
+    assert sdpa(q, k, v, add, out=fo) is fo
+    np.testing.assert_array_equal(fo, want)
+    ro = np.full(want.shape, 3.0, np.float32)
+    ro.flags.writeable = False
+    for bad in (np.full(want.shape, 3.0, np.float64), np.full((2, L, E + 1), 3.0, np.float32),
+                np.full((1, L, E), 3.0, np.float32), ro):
+        with pytest.raises(ValueError, match="out"):
+            sdpa(q, k, v, add, out=bad)
+        assert (bad == 3.0).all()
+    # GQA the fast path does not take: broadcast outer batch dims; heads that do not divide
+    one = sdpa(q, np.repeat(k[:1], 2, 0), np.repeat(v[:1], 2, 0), add)
+    got = sdpa(np.stack([q] * 3), k[None, :1], v[None, :1], add, enable_gqa=True)
+    for i in range(3):
+        np.testing.assert_array_equal(got[i], one)
+    with pytest.raises(ValueError, match="enable_gqa"):
+        sdpa(q.reshape(1, 2, L, E), np.zeros((1, 3, S, E), np.float32),
+             np.zeros((1, 3, S, E), np.float32), enable_gqa=True)
 
 
 @all_dtypes

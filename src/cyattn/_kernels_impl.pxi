@@ -2599,104 +2599,145 @@ cdef int _fast_mask_layout(const Py_buffer* mv, int code, const Py_buffer* qv, P
     return kind
 
 
-def attention_fast(q, k, v, mask, scale, bint causal, bint bottom_right, int n_threads, empty):
+cdef bint _disjoint_strided(const Py_buffer* x, const Py_buffer* y) noexcept:
+    """True if no byte of the strided buffer x (any strides, also negative or zero) lies in
+    the contiguous buffer y."""
+    cdef uintptr_t lo = <uintptr_t>x.buf, hi = <uintptr_t>x.buf + <uintptr_t>x.itemsize
+    cdef int d
+    for d in range(x.ndim):
+        if x.shape[d] == 0:
+            return True
+        if x.strides[d] < 0:
+            lo -= <uintptr_t>((x.shape[d] - 1) * -x.strides[d])
+        else:
+            hi += <uintptr_t>((x.shape[d] - 1) * x.strides[d])
+    return hi <= <uintptr_t>y.buf or <uintptr_t>y.buf + <uintptr_t>y.len <= lo
+
+
+def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bint gqa,
+                   int n_threads, empty):
     """Attention for C-contiguous, aligned q (..., L, E), k (..., S, E) and v (..., S, Ev) of
-    one native float dtype, equal batch shapes and L, S, E, Ev > 0, with ``mask`` None, a bool
-    array or a float array of the data dtype (aligned, any strides) that broadcasts to
-    (..., L, S) without enlarging it: returns (out, lse), both allocated by
-    ``empty(shape, dtype)``, or None without doing anything if the inputs are not of that
-    kind. ``scale`` is a float or None (1 / sqrt(E)). The low-overhead path of
+    one native float dtype with L, S, E, Ev > 0 and equal batch shapes (with ``gqa``, k and v
+    may have fewer heads, axis -3, dividing q's), ``mask`` None, a bool array or a float array
+    of the data dtype (aligned, any strides) that broadcasts to (..., L, S) without enlarging
+    it, and ``out`` None or a writable, C-contiguous, aligned array of the result's shape and
+    dtype sharing no memory with the inputs. Returns (out, lse), allocating them by
+    ``empty(shape, dtype)`` (out only if None), or None without doing anything if the inputs
+    are not of that kind. ``scale`` is a float or None (1 / sqrt(E)). The low-overhead path of
     scaled_dot_product_attention: one pass of checks on the buffers."""
     cdef Py_buffer qv, kv, vv, mv, ov, lv
+    cdef bint have_q = False, have_k = False, have_v = False, have_m = False
+    cdef bint have_o = False, have_l = False
     cdef int status = 0, code, d, nd, mask_kind = 0
-    cdef Py_ssize_t batch = 1, bi, L, S, E, Ev, work, m_rs = 0, m_cs = 0
+    cdef Py_ssize_t batch = 1, bi, L, S, E, Ev, work, m_rs = 0, m_cs = 0, hq = 1, group = 1
     cdef double scale_value
-    cdef int64_t* offs
+    cdef int64_t* offs = NULL
     cdef object res = None, lse = None
-    if not _get_contiguous(q, &qv, False):
-        return None
     try:
+        if not _get_contiguous(q, &qv, False):
+            return None
+        have_q = True
         if not _get_contiguous(k, &kv, False):
             return None
-        try:
-            if not _get_contiguous(v, &vv, False):
-                return None
+        have_k = True
+        if not _get_contiguous(v, &vv, False):
+            return None
+        have_v = True
+        if mask is not None:
             try:
-                if mask is not None:
-                    try:
-                        PyObject_GetBuffer(mask, &mv, PyBUF_RECORDS_RO)
-                    except Exception:
-                        return None
-                try:
-                    code = _float_code(&qv)
-                    nd = qv.ndim
-                    if (code == 0 or _float_code(&kv) != code or _float_code(&vv) != code
-                            or nd < 2 or kv.ndim != nd or vv.ndim != nd
-                            or <uintptr_t>qv.buf % code or <uintptr_t>kv.buf % code
-                            or <uintptr_t>vv.buf % code):
-                        return None
-                    for d in range(nd - 2):
-                        if kv.shape[d] != qv.shape[d] or vv.shape[d] != qv.shape[d]:
-                            return None
-                        batch *= qv.shape[d]
-                    L = qv.shape[nd - 2]
-                    E = qv.shape[nd - 1]
-                    S = kv.shape[nd - 2]
-                    Ev = vv.shape[nd - 1]
-                    if (kv.shape[nd - 1] != E or vv.shape[nd - 2] != S
-                            or batch == 0 or L == 0 or S == 0 or E == 0 or Ev == 0):
-                        return None
-                    offs = <int64_t*>malloc(<size_t>(4 * batch) * sizeof(int64_t))
-                    if offs == NULL:
-                        raise MemoryError("cyattn.scaled_dot_product_attention: could not "
-                                          "allocate scratch")
-                    try:
-                        if mask is not None:
-                            mask_kind = _fast_mask_layout(&mv, code, &qv, S, batch,
-                                                          offs + 3 * batch, &m_rs, &m_cs)
-                            if mask_kind == 0:
-                                return None
-                        for bi in range(batch):
-                            offs[bi] = bi * L * E
-                            offs[batch + bi] = bi * S * E
-                            offs[2 * batch + bi] = bi * S * Ev
-                        scale_value = 1.0 / sqrt(<double>E) if scale is None else <double>scale
-                        work = batch * L * S * (E + Ev + 8)    # small calls: fewer threads
-                        if n_threads > (work >> 18):
-                            n_threads = <int>(work >> 18) if (work >> 18) > 0 else 1
-                        shape = tuple([qv.shape[d] for d in range(nd - 1)])
-                        dtype = "float64" if code == 8 else "float32"
-                        res = empty(shape + (Ev,), dtype)
-                        lse = empty(shape, dtype)
-                        PyObject_GetBuffer(res, &ov, PyBUF_RECORDS)
-                        try:
-                            PyObject_GetBuffer(lse, &lv, PyBUF_RECORDS)
-                            try:
-                                with nogil:
-                                    status = attention_run(
-                                        code == 8, <const char*>qv.buf, offs, E, 1,
-                                        <const char*>kv.buf, offs + batch, E, 1,
-                                        <const char*>vv.buf, offs + 2 * batch, Ev, 1,
-                                        <const char*>mv.buf if mask_kind else NULL,
-                                        mask_kind, offs + 3 * batch, m_rs, m_cs,
-                                        <char*>ov.buf, <char*>lv.buf,
-                                        batch, L, S, E, Ev, scale_value, causal,
-                                        (S - L) if bottom_right else 0, n_threads)
-                            finally:
-                                PyBuffer_Release(&lv)
-                        finally:
-                            PyBuffer_Release(&ov)
-                    finally:
-                        free(offs)
-                finally:
-                    if mask is not None:
-                        PyBuffer_Release(&mv)
-            finally:
-                PyBuffer_Release(&vv)
-        finally:
-            PyBuffer_Release(&kv)
+                PyObject_GetBuffer(mask, &mv, PyBUF_RECORDS_RO)
+            except Exception:
+                return None
+            have_m = True
+        if out is not None:
+            if not _get_contiguous(out, &ov, True):
+                return None
+            have_o = True
+        code = _float_code(&qv)
+        nd = qv.ndim
+        if (code == 0 or _float_code(&kv) != code or _float_code(&vv) != code
+                or nd < (3 if gqa else 2) or kv.ndim != nd or vv.ndim != nd
+                or <uintptr_t>qv.buf % code or <uintptr_t>kv.buf % code
+                or <uintptr_t>vv.buf % code):
+            return None
+        for d in range(nd - 2):
+            if vv.shape[d] != kv.shape[d]:
+                return None
+            if gqa and d == nd - 3:
+                hq = qv.shape[d]
+                if kv.shape[d] == 0 or hq % kv.shape[d]:
+                    return None
+                group = hq // kv.shape[d]
+            elif kv.shape[d] != qv.shape[d]:
+                return None
+            batch *= qv.shape[d]
+        L = qv.shape[nd - 2]
+        E = qv.shape[nd - 1]
+        S = kv.shape[nd - 2]
+        Ev = vv.shape[nd - 1]
+        if (kv.shape[nd - 1] != E or vv.shape[nd - 2] != S
+                or batch == 0 or L == 0 or S == 0 or E == 0 or Ev == 0):
+            return None
+        if have_o:
+            if (_float_code(&ov) != code or <uintptr_t>ov.buf % code or ov.ndim != nd
+                    or ov.shape[nd - 1] != Ev or not _disjoint(&ov, &qv)
+                    or not _disjoint(&ov, &kv) or not _disjoint(&ov, &vv)
+                    or (have_m and not _disjoint_strided(&mv, &ov))):
+                return None
+            for d in range(nd - 1):
+                if ov.shape[d] != qv.shape[d]:
+                    return None
+        offs = <int64_t*>malloc(<size_t>(4 * batch) * sizeof(int64_t))
+        if offs == NULL:
+            raise MemoryError("cyattn.scaled_dot_product_attention: could not allocate scratch")
+        if have_m:
+            mask_kind = _fast_mask_layout(&mv, code, &qv, S, batch, offs + 3 * batch,
+                                          &m_rs, &m_cs)
+            if mask_kind == 0:
+                return None
+        for bi in range(batch):
+            offs[bi] = bi * L * E
+            # with gqa, query head h of a batch entry reads key/value head h // group
+            offs[batch + bi] = ((bi // hq) * (hq // group) + (bi % hq) // group) * S
+            offs[2 * batch + bi] = offs[batch + bi] * Ev
+            offs[batch + bi] *= E
+        scale_value = 1.0 / sqrt(<double>E) if scale is None else <double>scale
+        work = batch * L * S * (E + Ev + 8)        # small calls run on fewer threads
+        if n_threads > (work >> 18):
+            n_threads = <int>(work >> 18) if (work >> 18) > 0 else 1
+        shape = tuple([qv.shape[d] for d in range(nd - 1)])
+        dtype = "float64" if code == 8 else "float32"
+        if have_o:
+            res = out
+        else:
+            res = empty(shape + (Ev,), dtype)
+            PyObject_GetBuffer(res, &ov, PyBUF_RECORDS)
+            have_o = True
+        lse = empty(shape, dtype)
+        PyObject_GetBuffer(lse, &lv, PyBUF_RECORDS)
+        have_l = True
+        with nogil:
+            status = attention_run(
+                code == 8, <const char*>qv.buf, offs, E, 1,
+                <const char*>kv.buf, offs + batch, E, 1,
+                <const char*>vv.buf, offs + 2 * batch, Ev, 1,
+                <const char*>mv.buf if mask_kind else NULL, mask_kind, offs + 3 * batch,
+                m_rs, m_cs, <char*>ov.buf, <char*>lv.buf, batch, L, S, E, Ev, scale_value,
+                causal, (S - L) if bottom_right else 0, n_threads)
     finally:
-        PyBuffer_Release(&qv)
+        free(offs)
+        if have_l:
+            PyBuffer_Release(&lv)
+        if have_o:
+            PyBuffer_Release(&ov)
+        if have_m:
+            PyBuffer_Release(&mv)
+        if have_v:
+            PyBuffer_Release(&vv)
+        if have_k:
+            PyBuffer_Release(&kv)
+        if have_q:
+            PyBuffer_Release(&qv)
     if status:
         raise MemoryError("cyattn.scaled_dot_product_attention: could not allocate scratch")
     return res, lse

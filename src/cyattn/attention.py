@@ -15,16 +15,19 @@ _empty = np.empty
 
 
 def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment, return_lse,
-               n_threads):
-    """The common call without GQA or ``out``: C-contiguous, aligned float32/float64 arrays of
-    one dtype and equal batch shapes, no mask or a bool mask or a float mask of that dtype
-    that broadcasts without enlarging, plain Python options. The kernel module checks the
-    buffers in one pass and allocates the results; None means the call must take the general
-    path (which also produces every error message)."""
+               enable_gqa, out, n_threads):
+    """The common call: C-contiguous, aligned float32/float64 arrays of one dtype and equal
+    batch shapes (GQA heads aside), no mask or a bool mask or a float mask of that dtype that
+    broadcasts without enlarging, no ``out`` or one the kernel can write directly, plain
+    Python options. The kernel module checks the buffers in one pass and allocates the
+    results; None means the call must take the general path (which also produces every error
+    message)."""
     if not (type(query) is _ndarray and type(key) is _ndarray and type(value) is _ndarray
             and (attn_mask is None or type(attn_mask) is _ndarray)
+            and (out is None or type(out) is _ndarray)
             and (is_causal is False or is_causal is True)
             and (return_lse is False or return_lse is True)
+            and (enable_gqa is False or enable_gqa is True)
             and (scale is None or (type(scale) is float and scale - scale == 0.0))):
         return None
     if causal_alignment == "top_left":
@@ -36,8 +39,8 @@ def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
     n_threads = V.fast_threads(n_threads)
     if n_threads == 0:
         return None
-    res = _backend.kernels.attention_fast(query, key, value, attn_mask, scale, is_causal,
-                                          bottom_right, n_threads, _empty)
+    res = _backend.kernels.attention_fast(query, key, value, attn_mask, out, scale, is_causal,
+                                          bottom_right, enable_gqa, n_threads, _empty)
     if res is None or return_lse:
         return res
     return res[0]
@@ -141,11 +144,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     >>> cyattn.scaled_dot_product_attention(q, k, v, mask)
     array([[0., 0.]])
     """
-    if out is None and enable_gqa is False:
-        fast = _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
-                          return_lse, n_threads)
-        if fast is not None:
-            return fast
+    fast = _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
+                      return_lse, enable_gqa, out, n_threads)
+    if fast is not None:
+        return fast
     f = _FNAME
     query = V.as_float_array(query, "query", f)
     key = V.as_float_array(key, "key", f)
