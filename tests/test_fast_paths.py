@@ -3,7 +3,8 @@
 * the fused online-softmax path over several key blocks (KB = 256 keys) and query groups
   (up to 1024 rows, 256 with a causal mask, fewer when the threads need more tasks), with
   causal block skipping in both alignments and bool-mask block skipping;
-* the decode path (L <= 4 query rows, S >= 1024 keys, split into fixed chunks of 512 keys);
+* the decode path (L <= 4 unit-stride query rows unless the whole problem is tiny, the keys
+  split into fixed chunks of 512);
 * the two-pass path that redoes rows whose fused result is not finite (huge finite values,
   NaN, inf), which must give the documented results and leave the other rows untouched.
 
@@ -47,7 +48,10 @@ def _check(q, k, v, mask=None, **kw):
                                  (300, 300), (513, 129), (64, 1000)])
 def test_fused_blocks_dense(variant, dtype, L, S):
     rng = np.random.default_rng(L * 1000 + S)
-    _check(*_qkv(rng, 1, 2, L, S, 24, 40, dtype))
+    q, k, v = _qkv(rng, 1, 2, L, S, 24, 40, dtype)
+    if L <= 4:                      # unit-stride rows would take the decode path
+        q = np.asfortranarray(q)
+    _check(q, k, v)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
@@ -118,7 +122,7 @@ def test_fused_strided_inputs(variant, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
 @pytest.mark.parametrize("L", [1, 2, 4, 5])
-@pytest.mark.parametrize("S", [1024, 1537, 4097])
+@pytest.mark.parametrize("S", [1, 7, 64, 511, 512, 513, 1024, 1537, 4097])
 def test_decode_dense(variant, dtype, L, S):
     rng = np.random.default_rng(L * S)
     _check(*_qkv(rng, 2, 3, L, S, 64, 32, dtype))
@@ -126,14 +130,15 @@ def test_decode_dense(variant, dtype, L, S):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
 @pytest.mark.parametrize("align", ["top_left", "bottom_right"])
-def test_decode_causal_masks_gqa(variant, dtype, align):
+@pytest.mark.parametrize("S", [40, 2000])
+def test_decode_causal_masks_gqa(variant, dtype, align, S):
     rng = np.random.default_rng(11)
-    q, k, v = _qkv(rng, 2, 4, 3, 2000, 40, 24, dtype, Hk=2)
-    keep = rng.random((2, 1, 3, 2000)) < 0.5
+    q, k, v = _qkv(rng, 2, 4, 3, S, 40, 24, dtype, Hk=2)
+    keep = rng.random((2, 1, 3, S)) < 0.5
     keep[0, 0, 1] = False                          # a fully masked row
     _check(q, k, v, keep, is_causal=True, causal_alignment=align, enable_gqa=True)
     add = np.where(keep, -3.0, -np.inf).astype(dtype)
-    add[1, 0, 2, :700] = 5.0
+    add[1, 0, 2, :S // 3] = 5.0
     _check(q, k, v, add, causal_alignment=align, enable_gqa=True)
     _check(q, k, v, is_causal=True, causal_alignment=align, enable_gqa=True)
 
@@ -163,6 +168,50 @@ def test_decode_fully_masked_and_nan_rules(variant, dtype):
     out2 = sdpa(q2, k, v, keep)
     assert np.all(np.isnan(out2[0, 0, 1]))
     np.testing.assert_array_equal(out2[0, 1], out[0, 1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("S", [64, 1500])
+def test_decode_any_layout_same_bits(variant, dtype, S):
+    # The decode path reads rows of adjacent elements; a query, key or value whose rows are
+    # strided (Fortran order, transposed, reversed, broadcast along E) must still give the bits
+    # of C-contiguous copies, for every L the decode path may take.
+    rng = np.random.default_rng(S)
+    for L in (1, 2, 3, 4):
+        q, k, v = _qkv(rng, 2, 3, L, S, 24, 40, dtype)
+        want = sdpa(q, k, v, return_lse=True)
+        for qq, kk, vv in ((np.asfortranarray(q), k, v), (q, np.asfortranarray(k), v),
+                           (q, k, np.asfortranarray(v)), (q[..., ::-1].copy()[..., ::-1], k,
+                                                          v[..., ::-1].copy()[..., ::-1])):
+            got = sdpa(qq, kk, vv, return_lse=True)
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])
+        qb = np.broadcast_to(q[..., :1], q.shape)          # every element of a row equal
+        got = sdpa(qb, k, v, return_lse=True)
+        want = sdpa(np.ascontiguousarray(qb), k, v, return_lse=True)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("S", [64, 1500])
+def test_decode_masked_values_never_read(variant, dtype, S):
+    # A value whose weight is exactly 0 (bool-masked, or -inf additive) is skipped, not
+    # multiplied by 0: inf/NaN there give the same bits as clean values, without the two-pass
+    # redo (which would round differently).
+    rng = np.random.default_rng(S + 1)
+    q, k, v = _qkv(rng, 1, 2, 3, S, 16, 8, dtype)
+    keep = rng.random((1, 2, 3, S)) < 0.5
+    free = ~keep.any(-2)                                   # keys no query row may use
+    add = np.where(keep, 0.0, -np.inf).astype(dtype)
+    for mask in (keep, add):
+        want = sdpa(q, k, v, mask, return_lse=True)
+        vp = v.copy()
+        vp[np.broadcast_to(free[..., None], vp.shape)] = np.nan
+        vp[0, 0, np.flatnonzero(free[0, 0])[::2]] = np.inf
+        got = sdpa(q, k, vp, mask, return_lse=True)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
 
 
 @pytest.mark.parametrize("path", ["fused", "decode"])

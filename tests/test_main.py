@@ -214,17 +214,19 @@ def test_full_bench_flop_formula_and_units():
 
 def test_full_bench_case_list():
     names = [s.name for s in _bench.build_specs()]
-    assert len(names) == len(set(names)) == 6 + 5 + 7 * 3 + 1 + 1
+    assert len(names) == len(set(names)) == 6 + 5 + 7 * 3 + 2 + 1
     for name in ("softmax (8,128,2048) bool mask", "matmul n=1024", "sdpa (8,8,128,64)",
                  "sdpa (1,8,2048,64) causal", "sdpa (1,1,8192,64) padding mask",
-                 "decode B=1 H=32 L=1 S=4096 E=128", "tiny (1,1,8,8)"):
+                 "decode B=1 H=32 L=1 S=4096 E=128", "decode B=1 H=32 L=1 S=512 E=128",
+                 "tiny (1,1,8,8)"):
         assert name in names
     quick = [s.name for s in _bench.build_specs(quick=True)]
     assert set(quick) < set(names) and "tiny (1,1,8,8)" in quick
     picked = _bench.select_specs(_bench.build_specs(), ["SDPA (1,1,8192", "decode"])
     assert [s.name for s in picked] == ["sdpa (1,1,8192,64)", "sdpa (1,1,8192,64) causal",
                                         "sdpa (1,1,8192,64) padding mask",
-                                        "decode B=1 H=32 L=1 S=4096 E=128"]
+                                        "decode B=1 H=32 L=1 S=4096 E=128",
+                                        "decode B=1 H=32 L=1 S=512 E=128"]
 
 
 def test_full_bench_cases_agree():

@@ -413,6 +413,7 @@ SDPA_BHT = ((1, 1, 128), (8, 8, 128), (1, 8, 512), (1, 8, 1024), (1, 8, 2048), (
 SDPA_KINDS = ("dense", "causal", "padding")
 HEAD_DIM = 64
 DECODE_SHAPE = (1, 32, 1, 4096, 128)               # (B, H, L, S, E)
+DECODE_SHORT_SHAPE = (1, 32, 1, 512, 128)          # early in generation: 512 cached positions
 TINY_SHAPE = (1, 1, 8, 8, 8)                       # (B, H, L, S, E)
 QUICK_SELECTION = {"softmax": (512,), "matmul": (64, 256, 1024),
                    "sdpa": ((8, 8, 128), (1, 8, 512))}
@@ -523,6 +524,8 @@ def build_specs(groups=FULL_GROUPS, quick=False):
             specs += [Spec("sdpa", (B, H, T, T, HEAD_DIM), kind) for kind in SDPA_KINDS]
     if "decode" in groups:
         specs.append(Spec("decode", DECODE_SHAPE, "dense"))
+        if not quick:
+            specs.append(Spec("decode", DECODE_SHORT_SHAPE, "dense"))
     if "tiny" in groups:
         specs.append(Spec("tiny", TINY_SHAPE, "dense"))
     return specs

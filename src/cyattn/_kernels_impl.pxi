@@ -48,10 +48,11 @@
 #   softmax runs across query lanes. Causal limits skip whole blocks and leading query panels,
 #   an all-False bool-mask block is skipped, GQA and broadcasting are offsets per batch entry.
 #   Scratch is O(tile) per thread; the L x S matrix never exists.
-# * decode (L <= DECODE_MAX_L, S >= DECODE_MIN_S): tasks (batch entry, chunk of DECODE_CHUNK
-#   keys) stream their keys and values once and leave (max, sum, accumulator) per row; the
-#   partials are merged in chunk order. The chunking is fixed, so results do not depend on
-#   threads.
+# * decode (L <= DECODE_MAX_L unit-stride rows, unless the whole problem is tiny): tasks
+#   (batch entry, chunk of DECODE_CHUNK keys) stream their keys and values once and leave
+#   (max, sum, accumulator) per row; the partials are merged in chunk order. The chunking is
+#   fixed, so results do not depend on threads. Zero weights are skipped, so a masked inf/NaN
+#   value is never read (the Python side copies strided rows, so every layout decodes).
 # * rows whose fused or decode result is not finite (NaN/inf inputs, or a weighted sum of huge
 #   finite values that overflows before normalisation) are redone by the two-pass path, which
 #   materialises QB x S scores per block, normalises the weights before P V and never reads a
@@ -106,7 +107,9 @@ cdef enum:
     QG_DENSE = 1024   # the same without a causal mask and E + Ev <= 256: K and V are packed
     #                   once per task, so bigger groups pack them less often (+5-13 %)
     DECODE_MAX_L = 4  # at most this many query rows take the decode path ...
-    DECODE_MIN_S = 1024  # ... when there are at least this many keys
+    DECODE_MIN_WORK = 1024  # ... when batch * S * (E + Ev) >= L * this: the fused path pads
+    #                         its query tile to NR rows (up to 32x the work at L = 1) and is
+    #                         2-4x slower; only for tiny problems is its lower fixed cost less
     DECODE_PF_BYTES = 4096  # software prefetch distance of the decode loops
     DECODE_CHUNK = 512   # keys per decode task (fixed: results must not depend on threads)
     ALIGN = 64        # scratch alignment in bytes
@@ -2010,6 +2013,8 @@ cdef void decode_chunk(const floating* q, Py_ssize_t q_rs,
             prefetch_row(v_row + pf * v_rs, row_bytes_v)
         for r in range(L):
             w = scores[r * kb + j]
+            if w == 0:      # adds nothing, and a masked key's inf/NaN value is never read
+                continue
             acc = part + r * (Ev + 2) + 2
             for e in range(Ev):
                 acc[e] += w * v_row[e]
@@ -2292,16 +2297,16 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
                        Py_ssize_t causal_off, int n_threads) noexcept nogil:
     """Pick the attention path and run it; 0, or 1 if scratch could not be allocated.
 
-    A few query rows against many keys (unit-stride rows) take the decode path, parallel over
-    key chunks; everything else the fused path. The choice depends only on the shapes, never
-    on the thread count, and neither does any result.
+    A few query rows (unit-stride rows, more than a tiny problem) take the decode path,
+    parallel over key chunks; everything else the fused path. The choice depends only on
+    the shapes and strides, never on the thread count, and neither does any result.
     """
     cdef int status = 0
     # wide groups only for heads up to 128 + 128: their packed Q^T and O^T (qg x (E + Ev))
     # then stay within 1 MiB of L2, and scratch stays O(input) for wider heads
     cdef Py_ssize_t qg = QG_DENSE if not causal and E + Ev <= 256 else QG
     cdef Py_ssize_t tasks = batch * ((L + qg - 1) // qg)
-    cdef bint decode = (0 < L <= DECODE_MAX_L and S >= DECODE_MIN_S
+    cdef bint decode = (0 < L <= DECODE_MAX_L and batch * S * (E + Ev) >= L * DECODE_MIN_WORK
                         and q_cs == 1 and k_cs == 1 and v_cs == 1)
     if decode:
         tasks = batch * ((S + DECODE_CHUNK - 1) // DECODE_CHUNK)

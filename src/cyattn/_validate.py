@@ -59,6 +59,30 @@ def kernel_ready(arr, dtype):
     return arr
 
 
+def unit_stride_rows(arr, name, fname):
+    """``arr``, or a C-contiguous copy if the elements of its rows are not adjacent (the
+    last axis has more than one element and a stride other than the itemsize). Broadcast
+    views are copied only when that costs at most twice their distinct elements or 16 MiB,
+    so a huge zero-stride view is never materialised. A copy that does not fit in memory
+    raises MemoryError naming ``fname`` and ``name``."""
+    if arr.shape[-1] <= 1 or arr.strides[-1] == arr.itemsize:
+        return arr
+    distinct = math.prod(n for n, st in zip(arr.shape, arr.strides) if st != 0)
+    if arr.size > 2 * distinct and arr.nbytes > 1 << 24:
+        return arr
+    try:
+        return np.ascontiguousarray(arr)
+    except MemoryError:
+        raise MemoryError(f"{fname}: could not copy {name} of shape {arr.shape} into "
+                          f"contiguous rows") from None
+
+
+def column_stride(arr):
+    """The element stride of ``arr``'s last axis; 1 when that axis has at most one element
+    (the stride is then never used, and the kernels treat 1 as adjacent elements)."""
+    return 1 if arr.shape[-1] <= 1 else arr.strides[-1] // arr.itemsize
+
+
 def prepare_mask(mask, name, fname, compute_dtype, bool_meaning="True = take part"):
     """(kind, array): kind 0 none, 1 bool (as a uint8 view, True = keep), 2 additive float.
 

@@ -10,6 +10,7 @@ __all__ = ["scaled_dot_product_attention"]
 
 _FNAME = "cyattn.scaled_dot_product_attention"
 _ALIGNMENTS = ("top_left", "bottom_right")
+_DECODE_MAX_L = 4        # the kernels' DECODE_MAX_L: at most this many query rows may decode
 _ndarray = np.ndarray
 _empty = np.empty
 
@@ -120,11 +121,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     The L x S score matrix is never formed: the kernel walks the keys in blocks of 256 with an
     online softmax (running row maximum and sum), so its extra memory is a few hundred KiB per
     thread whatever L and S are. Key blocks that ``is_causal`` or an all-False bool mask
-    removes are skipped. With at most 4 query rows and at least 1024 keys (decoding with a KV
-    cache) the keys are split into fixed chunks of 512 processed in parallel and merged in
-    order. Rows whose result is not finite are recomputed by a two-pass method (scores of the
-    row materialised, weights normalised before they multiply ``value``), which gives the
-    results described above and keeps a weighted sum of huge finite values from overflowing.
+    removes are skipped. With at most 4 query rows (decoding with a KV cache; unless the
+    whole problem is tiny) the keys are split into fixed chunks of 512 processed in parallel
+    and merged in order. Rows whose result is not finite are recomputed by a two-pass method
+    (scores of the row materialised, weights normalised before they multiply ``value``), which
+    gives the results described above and keeps a weighted sum of huge finite values from
+    overflowing.
     Tasks (batch x head x query block, or key chunk) run in parallel; results are
     bit-identical for any thread count. The GIL is released while the kernel runs.
 
@@ -193,6 +195,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         query = V.kernel_ready(query, compute)
         key = V.kernel_ready(key, compute)
         value = V.kernel_ready(value, compute)
+        if L <= _DECODE_MAX_L:
+            # The kernel's decode path (a few query rows) reads rows of adjacent elements;
+            # other layouts are copied, so they give the C-contiguous bits (huge broadcast
+            # views are not: they take the fused path, equal to rounding).
+            query = V.unit_stride_rows(query, "query", f)
+            key = V.unit_stride_rows(key, "key", f)
+            value = V.unit_stride_rows(value, "value", f)
         item = query.itemsize
         if kind:
             m_off = V.batch_offsets(mask, batch)
@@ -201,11 +210,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
             m_off, m_rs, m_cs = np.zeros(1, np.int64), 0, 0
         _backend.kernels.attention(
             query, V.batch_offsets(query, batch), query.strides[-2] // item,
-            query.strides[-1] // item,
+            V.column_stride(query),
             key, V.batch_offsets(key, batch, group), key.strides[-2] // item,
-            key.strides[-1] // item,
+            V.column_stride(key),
             value, V.batch_offsets(value, batch, group), value.strides[-2] // item,
-            value.strides[-1] // item,
+            V.column_stride(value),
             mask, kind, m_off, m_rs, m_cs, res, lse, L, S, E, Ev, scale, is_causal,
             (S - L) if causal_alignment == "bottom_right" else 0, n_threads)
     if out is not None:
