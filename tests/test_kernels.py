@@ -941,6 +941,37 @@ def test_sdpa_fast_path_declines_other_inputs(variant):
              np.zeros((1, 3, S, E), np.float32), enable_gqa=True)
 
 
+def test_more_than_32_dims_on_every_path(variant, monkeypatch):
+    # np.broadcast_shapes stops at 32 dimensions, arrays go to 64: the general path (float16,
+    # masks, batch broadcasting) once raised RuntimeError where the fast path worked.
+    rng = np.random.default_rng(29)
+    lead = (1,) * 36
+    q = rng.standard_normal(lead + (2, 3, 5, 4)).astype(np.float32)
+    k = rng.standard_normal(lead + (2, 3, 6, 4)).astype(np.float32)
+    v = rng.standard_normal(lead + (2, 3, 6, 2)).astype(np.float32)
+    keep = rng.random((5, 6)) < 0.7
+    (out, lse), (g_out, g_lse) = _sdpa_both_paths(monkeypatch, q, k, v, keep)
+    np.testing.assert_array_equal(out, g_out)
+    np.testing.assert_array_equal(lse, g_lse)
+    ref, ref_lse = numpy_sdpa(q.reshape(2, 3, 5, 4), k.reshape(2, 3, 6, 4),
+                              v.reshape(2, 3, 6, 2), keep)
+    assert_close(out.reshape(ref.shape), ref, np.float32, k=6)
+    half = cyattn.scaled_dot_product_attention(q.astype(np.float16), k, v, keep[None])
+    assert half.shape == out.shape and half.dtype == np.float32
+    assert_close(half, out, np.float16)
+    x = rng.standard_normal(lead + (3, 7)).astype(np.float32)
+    mask = rng.random(7) < 0.6
+    mask[0] = True
+    assert_close(cyattn.softmax(x, mask=mask).reshape(3, 7),
+                 oracle_softmax(x.reshape(3, 7), mask=np.broadcast_to(mask, (3, 7))),
+                 np.float32)
+    a = rng.standard_normal(lead + (2, 3, 4)).astype(np.float32)
+    b = rng.standard_normal((4, 5)).astype(np.float32)
+    c = np.zeros(lead + (2, 3, 5), np.float32)
+    cyattn.matmul_accumulate(a, b, c)
+    assert_close(c.reshape(2, 3, 5), a.reshape(2, 3, 4) @ b, np.float32, k=4)
+
+
 @all_dtypes
 def test_matmul_out_layouts_and_aliasing(variant, dtype):
     rng = np.random.default_rng(22)

@@ -108,15 +108,27 @@ def prepare_mask(mask, name, fname, compute_dtype, bool_meaning="True = take par
 
 
 def broadcast_shapes(shapes, what, fname):
-    """``np.broadcast_shapes(*shapes)``, or None if they do not broadcast. Shapes that do
-    broadcast, but to more elements than an array can index, raise ValueError saying so."""
-    try:
-        return np.broadcast_shapes(*shapes)
-    except ValueError as exc:
-        if "too large" in str(exc):
-            raise ValueError(f"{fname}: {what} {', '.join(str(tuple(s)) for s in shapes)} "
-                             f"broadcast to more elements than an array can hold") from None
-        return None
+    """The broadcast of ``shapes`` (NumPy's rules), or None if they do not broadcast. Shapes
+    that do broadcast, but to more elements than an array can index, raise ValueError saying
+    so. Written out because ``np.broadcast_shapes`` stops at 32 dimensions (arrays may have 64),
+    which would make the general path fail where the kernels' fast paths work."""
+    shapes = [tuple(s) for s in shapes]
+    ndim = max((len(s) for s in shapes), default=0)
+    result = []
+    for i in range(ndim):
+        size = 1
+        for s in shapes:
+            j = i - (ndim - len(s))
+            if j < 0 or s[j] == 1:
+                continue
+            if size != 1 and s[j] != size:
+                return None
+            size = s[j]
+        result.append(size)
+    if math.prod(result) > np.iinfo(np.intp).max:
+        raise ValueError(f"{fname}: {what} {', '.join(str(s) for s in shapes)} broadcast to "
+                         f"more elements than an array can hold")
+    return tuple(result)
 
 
 def broadcast_mask(mask, target_shape, name, fname):
