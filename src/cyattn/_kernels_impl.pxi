@@ -45,7 +45,8 @@
 #   an online softmax, transposed:
 #   S^T = K Q^T goes straight into the packed-panel layout (NR query lanes per panel) that
 #   O^T += V^T P^T reads as its B operand, so the weights are never repacked and the column
-#   softmax runs across query lanes. Causal limits skip whole blocks and leading query panels,
+#   softmax runs across query lanes. Causal limits skip whole blocks, leading query panels
+#   and, per panel, the keys past its last row's limit (same bits: their weights are 0),
 #   an all-False bool-mask block is skipped, GQA and broadcasting are offsets per batch entry.
 #   Scratch is O(tile) per thread; the L x S matrix never exists.
 # * decode (L <= DECODE_MAX_L unit-stride rows, unless the whole problem is tiny): tasks
@@ -1604,12 +1605,13 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
     reads as its B operand, so P is never repacked; the column softmax runs across query
     lanes (vectorised); then O^T += V^T P^T. Query panels that a causal mask keeps from seeing
     the whole block are skipped, as are blocks a bool mask removes entirely and the blocks past
-    the last row's causal limit. At the end out = (O^T)^T / sum and lse = max + log(sum).
+    the last row's causal limit; a panel stops at the keys its last row may see. At the end
+    out = (O^T)^T / sum and lse = max + log(sum).
     """
     cdef Py_ssize_t mr = MR if floating is float else MRD
     cdef Py_ssize_t nr = NR if floating is float else NRD
     cdef Py_ssize_t panels = (rows + nr - 1) // nr
-    cdef Py_ssize_t kv_end = S, j0, kb, jp, jp0, ir, pc, kc, r, e, first_q, lanes
+    cdef Py_ssize_t kv_end = S, j0, kb, kq, jp, jp0, ir, pc, kc, r, e, first_q, lanes
     cdef floating inv, acc, w
     cdef bint v_bad, rescale
     cdef floating* o_row
@@ -1643,11 +1645,15 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
         for jp in range(jp0, panels):
             panel = tile                        # one panel at a time: KB x nr scratch
             lanes = rows - jp * nr if rows - jp * nr < nr else nr
+            kq = kb
+            if causal:                          # keys past the panel's last row's limit
+                kq = i0 + jp * nr + lanes + causal_off - j0
+                kq = kb if kq > kb else kq
             # scores^T for this query panel: (kb x E) @ (E x nr), into the panel layout
             ir = 0
-            while ir < kb:
+            while ir < kq:
                 if E <= 0:
-                    for r in range(ir * nr, (ir + mr if ir + mr < kb else kb) * nr):
+                    for r in range(ir * nr, (ir + mr if ir + mr < kq else kq) * nr):
                         panel[r] = 0
                 pc = 0
                 while pc < E:
@@ -1656,17 +1662,17 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
                         micro_kernel_f32(kc, k_packed + ir * E + pc * mr,
                                          qt_packed + jp * E * nr + pc * nr,
                                          panel + ir * nr, nr, 1,
-                                         kb - ir if kb - ir < mr else mr, nr, scale, pc == 0)
+                                         kq - ir if kq - ir < mr else mr, nr, scale, pc == 0)
                     else:
                         micro_kernel_f64(kc, k_packed + ir * E + pc * mr,
                                          qt_packed + jp * E * nr + pc * nr,
                                          panel + ir * nr, nr, 1,
-                                         kb - ir if kb - ir < mr else mr, nr, scale, pc == 0)
+                                         kq - ir if kq - ir < mr else mr, nr, scale, pc == 0)
                     pc += KC
                 ir += mr
-            panel_masks(panel, kb, nr, lanes, i0 + jp * nr, j0, bmask, amask, m_rs, m_cs,
+            panel_masks(panel, kq, nr, lanes, i0 + jp * nr, j0, bmask, amask, m_rs, m_cs,
                         causal, causal_off)
-            panel_online_softmax(panel, kb, row_m + jp * nr, row_l + jp * nr, factor)
+            panel_online_softmax(panel, kq, row_m + jp * nr, row_l + jp * nr, factor)
             if Ev <= 0:
                 continue
             rescale = False
@@ -1684,7 +1690,7 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
                     ot_col = ot + e * ld_o + jp * nr
                     for r in range(nr):
                         acc = 0
-                        for pc in range(kb):
+                        for pc in range(kq):
                             w = panel[pc * nr + r]
                             if w != 0:
                                 if floating is float:
@@ -1695,12 +1701,12 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
                                                             acc)
                         ot_col[r] = ot_col[r] + acc
                 continue
-            # O^T += V^T (Ev x kb) @ P^T (kb x nr)
+            # O^T += V^T (Ev x kq) @ P^T (kq x nr); a key past kq has weight 0 in every lane
             ir = 0
             while ir < Ev:
                 pc = 0
-                while pc < kb:
-                    kc = kb - pc if kb - pc < KC else KC
+                while pc < kq:
+                    kc = kq - pc if kq - pc < KC else KC
                     if floating is float:
                         micro_kernel_f32(kc, vt_packed + ir * kb + pc * mr, panel + pc * nr,
                                          ot + ir * ld_o + jp * nr, ld_o, 1,

@@ -121,7 +121,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     The L x S score matrix is never formed: the kernel walks the keys in blocks of 256 with an
     online softmax (running row maximum and sum), so its extra memory is a few hundred KiB per
     thread whatever L and S are. Key blocks that ``is_causal`` or an all-False bool mask
-    removes are skipped. With at most 4 query rows (decoding with a KV cache; unless the
+    removes are skipped, and with ``is_causal`` each group of query rows stops at the last key
+    it may see. With at most 4 query rows (decoding with a KV cache; unless the
     whole problem is tiny) the keys are split into fixed chunks of 512 processed in parallel
     and merged in order. Rows whose result is not finite are recomputed by a two-pass method
     (scores of the row materialised, weights normalised before they multiply ``value``), which
