@@ -432,6 +432,17 @@ def test_sdpa_bad_causal_alignment(align):
                    is_causal=True, causal_alignment=align, out=fresh_out((3, 2)))
 
 
+def test_sdpa_memory_error_names_the_function():
+    # E = 2**31 + 1 on zero-stride views: the packed query panel alone would need ~275 GB.
+    # (Not through raises_cleanly: its snapshot would copy the 24 GiB views; they are
+    # read-only broadcasts, so the call cannot modify them anyway.)
+    bt = np.broadcast_to
+    with pytest.raises(MemoryError, match=re.escape(f"{ATT}: could not allocate scratch")):
+        cyattn.scaled_dot_product_attention(bt(np.float32(0), (1, 2**31 + 1)),
+                                            bt(np.float32(0), (3, 2**31 + 1)),
+                                            np.ones((3, 2), np.float32))
+
+
 def test_sdpa_out_wrong_shape():
     q, k, v = qkv(batch=(2,))
     raises_cleanly(ValueError, f"{ATT}: out has shape (2, 3, 4); expected (2, 3, 2)",

@@ -109,6 +109,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         without enlarging it, ``causal_alignment`` is unknown, ``out`` is not a writable
         ndarray of the result shape and dtype, or ``n_threads == 0``. A call that raises leaves
         ``out`` untouched.
+    MemoryError
+        If NumPy cannot allocate the result, or if the kernel's scratch (O(tile) per thread,
+        growing with E) or, for at most 4 query rows, a contiguous copy of a strided input
+        cannot be allocated (these messages name this function).
 
     Notes
     -----
