@@ -2640,7 +2640,7 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
     cdef bint have_q = False, have_k = False, have_v = False, have_m = False
     cdef bint have_o = False, have_l = False
     cdef int status = 0, code, d, nd, mask_kind = 0
-    cdef Py_ssize_t batch = 1, bi, L, S, E, Ev, work, m_rs = 0, m_cs = 0, hq = 1, group = 1
+    cdef Py_ssize_t batch = 1, bi, kvh, L, S, E, Ev, work, m_rs = 0, m_cs = 0, hq = 1, group = 1
     cdef double scale_value
     cdef int64_t* offs = NULL
     cdef object res = None, lse = None
@@ -2707,15 +2707,15 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
             if mask_kind == 0:
                 return None
         for bi in range(batch):
-            offs[bi] = bi * L * E
             # with gqa, query head h of a batch entry reads key/value head h // group
-            offs[batch + bi] = ((bi // hq) * (hq // group) + (bi % hq) // group) * S
-            offs[2 * batch + bi] = offs[batch + bi] * Ev
-            offs[batch + bi] *= E
+            kvh = (bi // hq) * (hq // group) + (bi % hq) // group
+            offs[bi] = bi * L * E
+            offs[batch + bi] = kvh * S * E
+            offs[2 * batch + bi] = kvh * S * Ev
         scale_value = 1.0 / sqrt(<double>E) if scale is None else <double>scale
-        work = batch * L * S * (E + Ev + 8)        # small calls run on fewer threads
-        if n_threads > (work >> 18):
-            n_threads = <int>(work >> 18) if (work >> 18) > 0 else 1
+        work = (batch * L * S * (E + Ev + 8)) >> 18   # as threads_for_work(..., 1 << 18)
+        if n_threads > work:
+            n_threads = <int>(work if work > 0 else 1)
         shape = tuple([qv.shape[d] for d in range(nd - 1)])
         dtype = "float64" if code == 8 else "float32"
         if have_o:
