@@ -875,6 +875,35 @@ def test_sdpa_fast_path_matches_general_path(variant, dtype, causal, monkeypatch
             np.testing.assert_array_equal(lse, g_lse)
 
 
+@native_dtypes
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_out_does_not_depend_on_return_lse(variant, dtype, causal):
+    # Without return_lse the fused kernel skips the log of each row's sum and keeps max + sum
+    # in its lse scratch, which must flag exactly the rows that the two-pass redo recomputes
+    # (inf/NaN scores or values, huge logits). The output must be the same bits either way,
+    # on the fast path (C-contiguous), the general path (strided query) and the decode path.
+    rng = np.random.default_rng(41)
+    B, H, L, S, E = 2, 2, 37, 45, 8
+    keep = rng.random((B, H, L, S)) < 0.8
+    keep[0, 0, 3] = False                                     # a fully masked row
+    for L_, S_ in ((L, S), (3, 700)):
+        q = rng.standard_normal((B, H, L_, E)).astype(dtype)
+        k = rng.standard_normal((B, H, S_, E)).astype(dtype)
+        v = rng.standard_normal((B, H, S_, E)).astype(dtype)
+        q[0, 1, 1, 2] = np.inf                                # +inf and NaN scores
+        k[1, 0, 4, 0] = np.nan
+        v[1, 1, 7, 3] = -np.inf                               # a non-finite value
+        q[1, 0, 2] *= dtype(1e30 if dtype == np.float64 else 1e18)   # huge logits
+        mask = keep[..., :L_, :S_] if S_ == S else None
+        for qq in (q, np.asfortranarray(q)):
+            with np.errstate(all="ignore"):
+                out, lse = sdpa(qq, k, v, mask, is_causal=causal, return_lse=True)
+                only = sdpa(qq, k, v, mask, is_causal=causal)
+            assert type(only) is np.ndarray and only.dtype == dtype
+            assert np.isnan(out).any() and np.isnan(lse).any()     # the redo path ran
+            np.testing.assert_array_equal(only, out)
+
+
 def test_sdpa_fast_path_declines_other_inputs(variant):
     # What the fast path does not take reaches the general path, with its casts and errors:
     # float masks of another dtype (cast), byte-swapped, misaligned or strided by a non-multiple

@@ -28,5 +28,5 @@ def attention(
     v: np.ndarray, v_off: npt.NDArray[np.int64], v_rs: int, v_cs: int,
     mask: Any, mask_kind: int, m_off: npt.NDArray[np.int64], m_rs: int, m_cs: int,
     out: np.ndarray, lse: np.ndarray, L: int, S: int, E: int, Ev: int,
-    scale: float, causal: bool, causal_off: int, n_threads: int,
+    scale: float, causal: bool, causal_off: int, want_lse: bool, n_threads: int,
 ) -> None: ...

@@ -1597,7 +1597,8 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
                                bint causal, Py_ssize_t causal_off,
                                floating* qt_packed, floating* k_packed, floating* vt_packed,
                                floating* tile, floating* ot, Py_ssize_t ld_o,
-                               floating* row_m, floating* row_l, floating* factor) noexcept nogil:
+                               floating* row_m, floating* row_l, floating* factor,
+                               bint want_lse) noexcept nogil:
     """Rows i0 .. i0+rows of one (batch, head) by the online softmax over key blocks of KB.
 
     Transposed formulation: per key block, S^T = K Q^T is computed straight into ``tile`` in
@@ -1606,7 +1607,10 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
     lanes (vectorised); then O^T += V^T P^T. Query panels that a causal mask keeps from seeing
     the whole block are skipped, as are blocks a bool mask removes entirely and the blocks past
     the last row's causal limit; a panel stops at the keys its last row may see. At the end
-    out = (O^T)^T / sum and lse = max + log(sum).
+    out = (O^T)^T / sum and lse = max + log(sum). Without ``want_lse`` (the caller discards
+    lse) max + sum is stored instead: it is inf or NaN exactly when max + log(sum) is (sum is
+    at least 1 and at most S), which is all that redo_nonfinite_rows reads, and it saves a
+    log per row (2-3 % of a call with L = S = 128).
     """
     cdef Py_ssize_t mr = MR if floating is float else MRD
     cdef Py_ssize_t nr = NR if floating is float else NRD
@@ -1728,7 +1732,10 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
         inv = <floating>1 / row_l[r]
         for e in range(Ev):
             o_row[e] = ot[e * ld_o + r] * inv
-        lse[r] = row_m[r] + <floating>log(row_l[r])
+        if want_lse:
+            lse[r] = row_m[r] + <floating>log(row_l[r])
+        else:
+            lse[r] = row_m[r] + row_l[r]
 
 
 cdef bint row_nonfinite(const floating* out_row, floating lse_r, Py_ssize_t Ev) noexcept nogil:
@@ -1833,7 +1840,8 @@ cdef int attention_worker(const floating* q, const int64_t* q_off, Py_ssize_t q_
                           floating* out, floating* lse,
                           Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E,
                           Py_ssize_t Ev, floating scale, bint causal, Py_ssize_t causal_off,
-                          Py_ssize_t qg, Py_ssize_t first, Py_ssize_t step) noexcept nogil:
+                          Py_ssize_t qg, bint want_lse, Py_ssize_t first,
+                          Py_ssize_t step) noexcept nogil:
     """Fused attention tasks first, first + step, ... with this worker's own scratch;
     1 if it cannot be allocated. See attention_impl."""
     cdef Py_ssize_t groups = (L + qg - 1) // qg
@@ -1882,7 +1890,7 @@ cdef int attention_worker(const floating* q, const int64_t* q_off, Py_ssize_t q_
                              out + (bi * L + i0) * Ev, lse + bi * L + i0,
                              i0, rows, S, E, Ev, scale, causal, causal_off,
                              qt_packed, k_packed, vt_packed, tile, ot, ld_o,
-                             row_m, row_m + qlanes, row_m + 2 * qlanes)
+                             row_m, row_m + qlanes, row_m + 2 * qlanes, want_lse)
         if redo_nonfinite_rows(q + q_off[bi], q_rs, q_cs, k + k_off[bi], k_rs, k_cs,
                                v + v_off[bi], v_rs, v_cs,
                                bmask + mo if bmask != NULL else NULL,
@@ -1904,7 +1912,7 @@ cdef void attention_impl(const floating* q, const int64_t* q_off, Py_ssize_t q_r
                          floating* out, floating* lse,
                          Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E, Py_ssize_t Ev,
                          floating scale, bint causal, Py_ssize_t causal_off, Py_ssize_t qg,
-                         int n_threads, int* status) noexcept nogil:
+                         bint want_lse, int n_threads, int* status) noexcept nogil:
     """Tasks (query group of qg rows, batch entry) in parallel, dealt out round-robin.
 
     Task t covers batch entry t % batch and query group t // batch, so that consecutive tasks,
@@ -1920,13 +1928,13 @@ cdef void attention_impl(const floating* q, const int64_t* q_off, Py_ssize_t q_r
     if n_threads <= 1:
         if attention_worker(q, q_off, q_rs, q_cs, k, k_off, k_rs, k_cs, v, v_off, v_rs, v_cs,
                             bmask, amask, m_off, m_rs, m_cs, out, lse, batch, L, S, E, Ev,
-                            scale, causal, causal_off, qg, 0, 1):
+                            scale, causal, causal_off, qg, want_lse, 0, 1):
             status[0] = 1
         return
     for w in prange(n_threads, num_threads=n_threads, schedule='static', chunksize=1):
         if attention_worker(q, q_off, q_rs, q_cs, k, k_off, k_rs, k_cs, v, v_off, v_rs, v_cs,
                             bmask, amask, m_off, m_rs, m_cs, out, lse, batch, L, S, E, Ev,
-                            scale, causal, causal_off, qg, w, n_threads):
+                            scale, causal, causal_off, qg, want_lse, w, n_threads):
             status[0] = 1
 
 
@@ -2300,8 +2308,10 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
                        Py_ssize_t m_rs, Py_ssize_t m_cs,
                        char* op, char* lp, Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S,
                        Py_ssize_t E, Py_ssize_t Ev, double scale, bint causal,
-                       Py_ssize_t causal_off, int n_threads) noexcept nogil:
+                       Py_ssize_t causal_off, bint want_lse, int n_threads) noexcept nogil:
     """Pick the attention path and run it; 0, or 1 if scratch could not be allocated.
+    Without ``want_lse`` the fused path leaves lse holding values that are inf or NaN where
+    the true lse would be, not the lse itself (see fused_attention_task).
 
     A few query rows (unit-stride rows, more than a tiny problem) take the decode path,
     parallel over key chunks; everything else the fused path. The choice depends only on
@@ -2346,15 +2356,16 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
                        <const uint8_t*>mp if mask_kind == 1 else NULL,
                        <const double*>mp if mask_kind == 2 else NULL,
                        mo, m_rs, m_cs, <double*>op, <double*>lp,
-                       batch, L, S, E, Ev, scale, causal, causal_off, qg, n_threads, &status)
+                       batch, L, S, E, Ev, scale, causal, causal_off, qg, want_lse, n_threads,
+                       &status)
     else:
         attention_impl(<const float*>qp, q_off, q_rs, q_cs, <const float*>kp, k_off, k_rs, k_cs,
                        <const float*>vp, v_off, v_rs, v_cs,
                        <const uint8_t*>mp if mask_kind == 1 else NULL,
                        <const float*>mp if mask_kind == 2 else NULL,
                        mo, m_rs, m_cs, <float*>op, <float*>lp,
-                       batch, L, S, E, Ev, <float>scale, causal, causal_off, qg, n_threads,
-                       &status)
+                       batch, L, S, E, Ev, <float>scale, causal, causal_off, qg, want_lse,
+                       n_threads, &status)
     return status
 
 
@@ -2456,11 +2467,12 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
               v, const int64_t[::1] v_off, Py_ssize_t v_rs, Py_ssize_t v_cs,
               mask, int mask_kind, const int64_t[::1] m_off, Py_ssize_t m_rs, Py_ssize_t m_cs,
               out, lse, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E, Py_ssize_t Ev,
-              double scale, bint causal, Py_ssize_t causal_off, int n_threads):
+              double scale, bint causal, Py_ssize_t causal_off, bint want_lse, int n_threads):
     """Scaled dot-product attention for `batch = len(q_off)` independent (L, S) problems.
 
     q, k, v, mask are addressed by element offsets per batch entry and element strides.
     out: C-contiguous (batch, L, Ev); lse: C-contiguous (batch, L); both of the data dtype.
+    Without ``want_lse`` lse is scratch and its contents are not the lse.
     mask_kind: 0 none, 1 bool (uint8, True = keep), 2 additive (data dtype).
     """
     cdef Py_buffer qv, kv, vv, mv, ov, lv
@@ -2486,7 +2498,8 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
                                     qv.itemsize == 8, qp, &q_off[0], q_rs, q_cs,
                                     kp, &k_off[0], k_rs, k_cs, vp, &v_off[0], v_rs, v_cs,
                                     mp, mask_kind, mo, m_rs, m_cs, op, lp, q_off.shape[0],
-                                    L, S, E, Ev, scale, causal, causal_off, n_threads)
+                                    L, S, E, Ev, scale, causal, causal_off, want_lse,
+                                    n_threads)
                         finally:
                             PyBuffer_Release(&lv)
                     finally:
@@ -2626,14 +2639,14 @@ cdef bint _disjoint_strided(const Py_buffer* x, const Py_buffer* y) noexcept:
 
 
 def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bint gqa,
-                   int n_threads, empty):
+                   bint want_lse, int n_threads, empty):
     """Attention for C-contiguous, aligned q (..., L, E), k (..., S, E) and v (..., S, Ev) of
     one native float dtype with L, S, E, Ev > 0 and equal batch shapes (with ``gqa``, k and v
     may have fewer heads, axis -3, dividing q's), ``mask`` None, a bool array or a float array
     of the data dtype (aligned, any strides) that broadcasts to (..., L, S) without enlarging
     it, and ``out`` None or a writable, C-contiguous, aligned array of the result's shape and
     dtype sharing no memory with the inputs. Returns (out, lse), allocating them by
-    ``empty(shape, dtype)`` (out only if None), or None without doing anything if the inputs
+    ``empty(shape, dtype)`` (out only if None; lse is None without ``want_lse``), or None without doing anything if the inputs
     are not of that kind. ``scale`` is a float or None (1 / sqrt(E)). The low-overhead path of
     scaled_dot_product_attention: one pass of checks on the buffers."""
     cdef Py_buffer qv, kv, vv, mv, ov, lv
@@ -2734,7 +2747,7 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
                 <const char*>vv.buf, offs + 2 * batch, Ev, 1,
                 <const char*>mv.buf if mask_kind else NULL, mask_kind, offs + 3 * batch,
                 m_rs, m_cs, <char*>ov.buf, <char*>lv.buf, batch, L, S, E, Ev, scale_value,
-                causal, (S - L) if bottom_right else 0, n_threads)
+                causal, (S - L) if bottom_right else 0, want_lse, n_threads)
     finally:
         free(offs)
         if have_l:
@@ -2751,7 +2764,7 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
             PyBuffer_Release(&qv)
     if status:
         raise MemoryError("cyattn.scaled_dot_product_attention: could not allocate scratch")
-    return res, lse
+    return res, (lse if want_lse else None)
 
 
 cdef enum:

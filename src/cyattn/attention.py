@@ -41,7 +41,8 @@ def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
     if n_threads == 0:
         return None
     res = _backend.kernels.attention_fast(query, key, value, attn_mask, out, scale, is_causal,
-                                          bottom_right, enable_gqa, n_threads, _empty)
+                                          bottom_right, enable_gqa, return_lse, n_threads,
+                                          _empty)
     if res is None or return_lse:
         return res
     return res[0]
@@ -221,7 +222,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
             value, V.batch_offsets(value, batch, group), value.strides[-2] // item,
             V.column_stride(value),
             mask, kind, m_off, m_rs, m_cs, res, lse, L, S, E, Ev, scale, is_causal,
-            (S - L) if causal_alignment == "bottom_right" else 0, n_threads)
+            (S - L) if causal_alignment == "bottom_right" else 0, return_lse, n_threads)
     if out is not None:
         if res is not out:
             V.copy_result(out, res)
