@@ -876,6 +876,63 @@ def test_sdpa_fast_path_matches_general_path(variant, dtype, causal, monkeypatch
 
 
 @native_dtypes
+@pytest.mark.parametrize("causal", ["", "top_left", "bottom_right"])
+def test_sdpa_fast_path_takes_head_views(variant, dtype, causal, monkeypatch):
+    # Multi-head attention hands the kernel (B, H, L, D) views of a fused QKV projection
+    # (rows of adjacent elements, other strides anything) and often an out= view of the
+    # (B, L, H, D) context buffer. The fast path takes them, with the general path's bits and
+    # those of C-contiguous copies (DESIGN 3.8), and writes only out's own elements.
+    rng = np.random.default_rng(29)
+    B, H, D = 2, 3, 8
+    kw = dict(is_causal=True, causal_alignment=causal) if causal else {}
+    for L in (37, 3):                                         # fused and decode paths
+        S = L if L > 4 else 300
+        fused_q = rng.standard_normal((B, L, H, D)).astype(dtype)
+        fused_kv = rng.standard_normal((B, S, 2, H, D)).astype(dtype)
+        q = fused_q.transpose(0, 2, 1, 3)
+        k, v = (fused_kv[:, :, i].transpose(0, 2, 1, 3) for i in range(2))
+        keep = rng.random((B, 1, L, S)) < 0.8
+        ctx = np.full((B, L, H, D + 2), 5.0, dtype)
+        out = ctx[..., 1:-1].transpose(0, 2, 1, 3)            # strided, inside a bigger buffer
+        contiguous = [np.ascontiguousarray(x) for x in (q, k, v)]
+        for mask in (None, keep):
+            want = sdpa(*contiguous, mask, return_lse=True, **kw)
+            for o in (None, np.zeros((B, H, L, D), dtype), out):
+                (got, lse), (g_out, g_lse) = _sdpa_both_paths(monkeypatch, q, k, v, mask, o,
+                                                             **kw)
+                np.testing.assert_array_equal(got, g_out)
+                np.testing.assert_array_equal(lse, g_lse)
+                np.testing.assert_array_equal(got, want[0])
+                np.testing.assert_array_equal(lse, want[1])
+            assert (ctx[..., 0] == 5).all() and (ctx[..., -1] == 5).all()
+        # reversed rows, a key/value broadcast over the batch (zero stride), GQA on views
+        rev = np.ascontiguousarray(q[:, :, ::-1])[:, :, ::-1]
+        (got, _), (g_out, _) = _sdpa_both_paths(monkeypatch, rev, k, v, keep, **kw)
+        np.testing.assert_array_equal(got, g_out)
+        np.testing.assert_array_equal(got, want[0])
+        kb, vb = (np.broadcast_to(x[:1], x.shape) for x in (k, v))
+        (got, _), (g_out, _) = _sdpa_both_paths(monkeypatch, q, kb, vb, None, **kw)
+        np.testing.assert_array_equal(got, g_out)
+        np.testing.assert_array_equal(
+            got, sdpa(contiguous[0], np.ascontiguousarray(kb), np.ascontiguousarray(vb), **kw))
+        q6 = rng.standard_normal((B, L, 2 * H, D)).astype(dtype).transpose(0, 2, 1, 3)
+        (got, _), (g_out, _) = _sdpa_both_paths(monkeypatch, q6, k, v, keep, enable_gqa=True,
+                                                **kw)
+        np.testing.assert_array_equal(got, g_out)
+        np.testing.assert_array_equal(
+            got, sdpa(np.ascontiguousarray(q6), *contiguous[1:], keep, enable_gqa=True, **kw))
+    # columns not adjacent: declined (the general path copies them); a strided out that is
+    # the query itself: written after the kernel has read every input. Same results.
+    q = fused_q.transpose(0, 2, 1, 3)
+    every_other = rng.standard_normal((B, H, L, 2 * D)).astype(dtype)[..., ::2]
+    np.testing.assert_array_equal(sdpa(every_other, k, v, **kw),
+                                  sdpa(np.ascontiguousarray(every_other), k, v, **kw))
+    expect = sdpa(np.ascontiguousarray(q), k, v, **kw)
+    assert sdpa(q, k, v, out=q, **kw) is q
+    np.testing.assert_array_equal(q, expect)
+
+
+@native_dtypes
 @pytest.mark.parametrize("causal", [False, True])
 def test_sdpa_out_does_not_depend_on_return_lse(variant, dtype, causal):
     # Without return_lse the fused kernel skips the log of each row's sum and keeps max + sum
@@ -908,8 +965,8 @@ def test_sdpa_fast_path_declines_other_inputs(variant):
     # What the fast path does not take reaches the general path, with its casts and errors:
     # float masks of another dtype (cast), byte-swapped, misaligned or strided by a non-multiple
     # of the itemsize (copied), subclasses and lists, integer masks, masks that would enlarge
-    # the scores; an out that overlaps an input (the result goes through a temporary), is not
-    # C-contiguous, or has the wrong shape or dtype, or is read-only (raises, untouched).
+    # the scores; an out that overlaps an input (the result goes through a temporary), or has
+    # the wrong shape or dtype, or is read-only (raises, untouched).
     rng = np.random.default_rng(28)
     L, S, E = 19, 23, 8
     q = rng.standard_normal((2, L, E)).astype(np.float32)

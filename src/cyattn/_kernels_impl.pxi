@@ -2387,6 +2387,24 @@ cdef inline bint _disjoint(const Py_buffer* x, const Py_buffer* y) noexcept:
     return x0 + <uintptr_t>x.len <= y0 or y0 + <uintptr_t>y.len <= x0
 
 
+cdef inline bint _get_rows(object obj, Py_buffer* view):
+    """Acquire a strided, formatted buffer of obj whose strides are whole elements and whose
+    last axis has unit stride (rows of adjacent elements); False (no exception) if it has
+    none or is not of that kind."""
+    cdef int d
+    try:
+        PyObject_GetBuffer(obj, view, PyBUF_RECORDS_RO)
+    except Exception:
+        return False
+    for d in range(view.ndim):
+        if (view.strides[d] % view.itemsize
+                or (d == view.ndim - 1 and view.shape[d] > 1
+                    and view.strides[d] != view.itemsize)):
+            PyBuffer_Release(view)
+            return False
+    return True
+
+
 cdef inline bint _get_contiguous(object obj, Py_buffer* view, bint writable):
     """Acquire a C-contiguous, formatted buffer of obj; False (no exception) if it has none."""
     cdef int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT
@@ -2623,48 +2641,97 @@ cdef int _fast_mask_layout(const Py_buffer* mv, int code, const Py_buffer* qv, P
     return kind
 
 
+cdef bint _extent(const Py_buffer* x, uintptr_t* lo, uintptr_t* hi) noexcept:
+    """[lo, hi): the bytes spanned by the strided buffer x (any strides, also negative or
+    zero); False if x has no element."""
+    cdef int d
+    lo[0] = <uintptr_t>x.buf
+    hi[0] = <uintptr_t>x.buf + <uintptr_t>x.itemsize
+    for d in range(x.ndim):
+        if x.shape[d] == 0:
+            return False
+        if x.strides[d] < 0:
+            lo[0] -= <uintptr_t>((x.shape[d] - 1) * -x.strides[d])
+        else:
+            hi[0] += <uintptr_t>((x.shape[d] - 1) * x.strides[d])
+    return True
+
+
 cdef bint _disjoint_strided(const Py_buffer* x, const Py_buffer* y) noexcept:
     """True if no byte of the strided buffer x (any strides, also negative or zero) lies in
     the contiguous buffer y."""
-    cdef uintptr_t lo = <uintptr_t>x.buf, hi = <uintptr_t>x.buf + <uintptr_t>x.itemsize
-    cdef int d
-    for d in range(x.ndim):
-        if x.shape[d] == 0:
-            return True
-        if x.strides[d] < 0:
-            lo -= <uintptr_t>((x.shape[d] - 1) * -x.strides[d])
-        else:
-            hi += <uintptr_t>((x.shape[d] - 1) * x.strides[d])
+    cdef uintptr_t lo, hi
+    if not _extent(x, &lo, &hi):
+        return True
     return hi <= <uintptr_t>y.buf or <uintptr_t>y.buf + <uintptr_t>y.len <= lo
+
+
+cdef void _rows_to_strided(const char* src, const Py_buffer* o, Py_ssize_t batch) noexcept nogil:
+    """Copy batch x L rows of Ev adjacent elements at src (C order) into the strided buffer o
+    of shape (..., L, Ev) (batch entries in C order of its leading dims)."""
+    cdef int nd = o.ndim, d
+    cdef Py_ssize_t item = o.itemsize, L = o.shape[nd - 2], Ev = o.shape[nd - 1]
+    cdef Py_ssize_t rs = o.strides[nd - 2], cs = o.strides[nd - 1], bi, r, e
+    cdef Py_ssize_t idx[FAST_MAX_DIMS]
+    cdef char* base
+    cdef char* dst
+    for d in range(nd - 2):
+        idx[d] = 0
+    for bi in range(batch):
+        base = <char*>o.buf
+        for d in range(nd - 2):
+            base += idx[d] * o.strides[d]
+        for r in range(L):
+            dst = base + r * rs
+            if cs == item:
+                memcpy(dst, src, <size_t>(Ev * item))
+            else:
+                for e in range(Ev):
+                    memcpy(dst + e * cs, src + e * item, <size_t>item)
+            src += Ev * item
+        d = nd - 3
+        while d >= 0:
+            idx[d] += 1
+            if idx[d] < o.shape[d]:
+                break
+            idx[d] = 0
+            d -= 1
 
 
 def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bint gqa,
                    bint want_lse, int n_threads, empty):
-    """Attention for C-contiguous, aligned q (..., L, E), k (..., S, E) and v (..., S, Ev) of
-    one native float dtype with L, S, E, Ev > 0 and equal batch shapes (with ``gqa``, k and v
-    may have fewer heads, axis -3, dividing q's), ``mask`` None, a bool array or a float array
-    of the data dtype (aligned, any strides) that broadcasts to (..., L, S) without enlarging
-    it, and ``out`` None or a writable, C-contiguous, aligned array of the result's shape and
-    dtype sharing no memory with the inputs. Returns (out, lse), allocating them by
-    ``empty(shape, dtype)`` (out only if None; lse is None without ``want_lse``), or None without doing anything if the inputs
-    are not of that kind. ``scale`` is a float or None (1 / sqrt(E)). The low-overhead path of
+    """Attention for aligned q (..., L, E), k (..., S, E) and v (..., S, Ev) of one native
+    float dtype with rows of adjacent elements (unit stride along the last axis; any other
+    strides, also 0 or negative, as the head views of a fused QKV projection have), with
+    L, S, E, Ev > 0 and equal batch shapes (with ``gqa``, k and v may have fewer heads, axis
+    -3, dividing q's), ``mask`` None, a bool array or a float array of the data dtype
+    (aligned, any strides) that broadcasts to (..., L, S) without enlarging it, and ``out``
+    None or a writable, C-contiguous, aligned array of the result's shape and dtype sharing no
+    memory with the inputs, or a writable, aligned strided one (no zero strides), which gets a
+    copy of the result after the kernel (so it may alias the inputs). Returns (out, lse),
+    allocating them by ``empty(shape, dtype)`` (the result only if ``out`` is None or strided;
+    lse is None without ``want_lse``), or None without doing anything if the inputs are not of
+    that kind. ``scale`` is a float or None (1 / sqrt(E)). The low-overhead path of
     scaled_dot_product_attention: one pass of checks on the buffers."""
-    cdef Py_buffer qv, kv, vv, mv, ov, lv
+    cdef Py_buffer qv, kv, vv, mv, ov, lv, rv
     cdef bint have_q = False, have_k = False, have_v = False, have_m = False
-    cdef bint have_o = False, have_l = False
+    cdef bint have_o = False, have_l = False, have_r = False, o_strided = False
     cdef int status = 0, code, d, nd, mask_kind = 0
-    cdef Py_ssize_t batch = 1, bi, kvh, L, S, E, Ev, work, m_rs = 0, m_cs = 0, hq = 1, group = 1
+    cdef Py_ssize_t batch = 1, bi, L, S, E, Ev, work, m_rs = 0, m_cs = 0, hq = 1, group = 1
+    cdef Py_ssize_t idx[FAST_MAX_DIMS]
+    cdef Py_ssize_t q_rs, k_rs, v_rs, item, j
+    cdef int64_t q_o, k_o, v_o
     cdef double scale_value
     cdef int64_t* offs = NULL
     cdef object res = None, lse = None
     try:
-        if not _get_contiguous(q, &qv, False):
+        if not _get_rows(q, &qv):
             return None
         have_q = True
-        if not _get_contiguous(k, &kv, False):
+        if not _get_rows(k, &kv):
             return None
         have_k = True
-        if not _get_contiguous(v, &vv, False):
+        if not _get_rows(v, &vv):
             return None
         have_v = True
         if mask is not None:
@@ -2675,13 +2742,17 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
             have_m = True
         if out is not None:
             if not _get_contiguous(out, &ov, True):
-                return None
+                try:
+                    PyObject_GetBuffer(out, &ov, PyBUF_RECORDS)
+                except Exception:
+                    return None
+                o_strided = True
             have_o = True
         code = _float_code(&qv)
         nd = qv.ndim
         if (code == 0 or _float_code(&kv) != code or _float_code(&vv) != code
-                or nd < (3 if gqa else 2) or kv.ndim != nd or vv.ndim != nd
-                or <uintptr_t>qv.buf % code or <uintptr_t>kv.buf % code
+                or nd < (3 if gqa else 2) or nd > FAST_MAX_DIMS or kv.ndim != nd
+                or vv.ndim != nd or <uintptr_t>qv.buf % code or <uintptr_t>kv.buf % code
                 or <uintptr_t>vv.buf % code):
             return None
         for d in range(nd - 2):
@@ -2702,14 +2773,24 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
         if (kv.shape[nd - 1] != E or vv.shape[nd - 2] != S
                 or batch == 0 or L == 0 or S == 0 or E == 0 or Ev == 0):
             return None
-        if have_o:
+        if have_o and not o_strided:
             if (_float_code(&ov) != code or <uintptr_t>ov.buf % code or ov.ndim != nd
-                    or ov.shape[nd - 1] != Ev or not _disjoint(&ov, &qv)
-                    or not _disjoint(&ov, &kv) or not _disjoint(&ov, &vv)
+                    or ov.shape[nd - 1] != Ev or not _disjoint_strided(&qv, &ov)
+                    or not _disjoint_strided(&kv, &ov) or not _disjoint_strided(&vv, &ov)
                     or (have_m and not _disjoint_strided(&mv, &ov))):
                 return None
             for d in range(nd - 1):
                 if ov.shape[d] != qv.shape[d]:
+                    return None
+        elif have_o:
+            # a strided out gets a copy of the result once every input has been read, so it
+            # may share memory with them (not with itself: no zero strides)
+            if (_float_code(&ov) != code or <uintptr_t>ov.buf % code or ov.ndim != nd
+                    or ov.shape[nd - 1] != Ev):
+                return None
+            for d in range(nd):
+                if ((d < nd - 1 and ov.shape[d] != qv.shape[d]) or ov.strides[d] % code
+                        or (ov.strides[d] == 0 and ov.shape[d] > 1)):
                     return None
         offs = <int64_t*>malloc(<size_t>(4 * batch) * sizeof(int64_t))
         if offs == NULL:
@@ -2719,37 +2800,66 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
                                           &m_rs, &m_cs)
             if mask_kind == 0:
                 return None
+        # element offsets of each batch entry's (L, E), (S, E), (S, Ev) matrices: an odometer
+        # over the batch dims, last fastest; with gqa, query head h reads key/value head
+        # h // group
+        item = qv.itemsize
+        for d in range(nd - 2):
+            idx[d] = 0
         for bi in range(batch):
-            # with gqa, query head h of a batch entry reads key/value head h // group
-            kvh = (bi // hq) * (hq // group) + (bi % hq) // group
-            offs[bi] = bi * L * E
-            offs[batch + bi] = kvh * S * E
-            offs[2 * batch + bi] = kvh * S * Ev
+            q_o = 0
+            k_o = 0
+            v_o = 0
+            for d in range(nd - 2):
+                j = idx[d] // group if gqa and d == nd - 3 else idx[d]
+                q_o += idx[d] * (qv.strides[d] // item)
+                k_o += j * (kv.strides[d] // item)
+                v_o += j * (vv.strides[d] // item)
+            offs[bi] = q_o
+            offs[batch + bi] = k_o
+            offs[2 * batch + bi] = v_o
+            d = nd - 3
+            while d >= 0:
+                idx[d] += 1
+                if idx[d] < qv.shape[d]:
+                    break
+                idx[d] = 0
+                d -= 1
+        q_rs = qv.strides[nd - 2] // item
+        k_rs = kv.strides[nd - 2] // item
+        v_rs = vv.strides[nd - 2] // item
         scale_value = 1.0 / sqrt(<double>E) if scale is None else <double>scale
         work = (batch * L * S * (E + Ev + 8)) >> 18   # as threads_for_work(..., 1 << 18)
         if n_threads > work:
             n_threads = <int>(work if work > 0 else 1)
         shape = tuple([qv.shape[d] for d in range(nd - 1)])
         dtype = "float64" if code == 8 else "float32"
-        if have_o:
+        if have_o and not o_strided:
             res = out
+            rv = ov
         else:
             res = empty(shape + (Ev,), dtype)
-            PyObject_GetBuffer(res, &ov, PyBUF_RECORDS)
-            have_o = True
+            PyObject_GetBuffer(res, &rv, PyBUF_RECORDS)
+            have_r = True
         lse = empty(shape, dtype)
         PyObject_GetBuffer(lse, &lv, PyBUF_RECORDS)
         have_l = True
         with nogil:
             status = attention_run(
-                code == 8, <const char*>qv.buf, offs, E, 1,
-                <const char*>kv.buf, offs + batch, E, 1,
-                <const char*>vv.buf, offs + 2 * batch, Ev, 1,
+                code == 8, <const char*>qv.buf, offs, q_rs, 1,
+                <const char*>kv.buf, offs + batch, k_rs, 1,
+                <const char*>vv.buf, offs + 2 * batch, v_rs, 1,
                 <const char*>mv.buf if mask_kind else NULL, mask_kind, offs + 3 * batch,
-                m_rs, m_cs, <char*>ov.buf, <char*>lv.buf, batch, L, S, E, Ev, scale_value,
+                m_rs, m_cs, <char*>rv.buf, <char*>lv.buf, batch, L, S, E, Ev, scale_value,
                 causal, (S - L) if bottom_right else 0, want_lse, n_threads)
+            if status == 0 and o_strided:
+                _rows_to_strided(<const char*>rv.buf, &ov, batch)
+        if o_strided:
+            res = out
     finally:
         free(offs)
+        if have_r:
+            PyBuffer_Release(&rv)
         if have_l:
             PyBuffer_Release(&lv)
         if have_o:

@@ -17,12 +17,13 @@ _empty = np.empty
 
 def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment, return_lse,
                enable_gqa, out, n_threads):
-    """The common call: C-contiguous, aligned float32/float64 arrays of one dtype and equal
-    batch shapes (GQA heads aside), no mask or a bool mask or a float mask of that dtype that
-    broadcasts without enlarging, no ``out`` or one the kernel can write directly, plain
-    Python options. The kernel module checks the buffers in one pass and allocates the
-    results; None means the call must take the general path (which also produces every error
-    message)."""
+    """The common call: aligned float32/float64 arrays of one dtype whose last axis has unit
+    stride (C-contiguous, or head views of a fused projection), equal batch shapes (GQA heads
+    aside), no mask or a bool mask or a float mask of that dtype that broadcasts without
+    enlarging, no ``out`` or a writable one of the result's shape and dtype (C-contiguous and
+    apart from the inputs: written directly; else it gets a copy), plain Python options. The
+    kernel module checks the buffers in one pass and allocates the results; None means the
+    call must take the general path (which also produces every error message)."""
     if not (type(query) is _ndarray and type(key) is _ndarray and type(value) is _ndarray
             and (attn_mask is None or type(attn_mask) is _ndarray)
             and (out is None or type(out) is _ndarray)
