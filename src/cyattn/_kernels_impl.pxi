@@ -2666,6 +2666,33 @@ cdef bint _disjoint_strided(const Py_buffer* x, const Py_buffer* y) noexcept:
     return hi <= <uintptr_t>y.buf or <uintptr_t>y.buf + <uintptr_t>y.len <= lo
 
 
+cdef bint _no_self_overlap(const Py_buffer* o) noexcept:
+    """True if no two elements of the strided buffer o share a byte: with the dims of more
+    than one element ordered by |stride|, each stride spans at least the block of the dims
+    before it (a sufficient test; a zero stride fails it)."""
+    cdef Py_ssize_t st[FAST_MAX_DIMS]
+    cdef Py_ssize_t sh[FAST_MAX_DIMS]
+    cdef Py_ssize_t n = 0, i, j, a, extent = o.itemsize
+    if o.ndim > FAST_MAX_DIMS:
+        return False
+    for i in range(o.ndim):
+        if o.shape[i] > 1:
+            a = o.strides[i] if o.strides[i] >= 0 else -o.strides[i]
+            j = n                               # insertion sort by |stride|
+            while j > 0 and st[j - 1] > a:
+                st[j] = st[j - 1]
+                sh[j] = sh[j - 1]
+                j -= 1
+            st[j] = a
+            sh[j] = o.shape[i]
+            n += 1
+    for i in range(n):
+        if st[i] < extent:
+            return False
+        extent += st[i] * (sh[i] - 1)
+    return True
+
+
 cdef void _rows_to_strided(const char* src, const Py_buffer* o, Py_ssize_t batch) noexcept nogil:
     """Copy batch x L rows of Ev adjacent elements at src (C order) into the strided buffer o
     of shape (..., L, Ev) (batch entries in C order of its leading dims)."""
@@ -2707,12 +2734,13 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
     -3, dividing q's), ``mask`` None, a bool array or a float array of the data dtype
     (aligned, any strides) that broadcasts to (..., L, S) without enlarging it, and ``out``
     None or a writable, C-contiguous, aligned array of the result's shape and dtype sharing no
-    memory with the inputs, or a writable, aligned strided one (no zero strides), which gets a
-    copy of the result after the kernel (so it may alias the inputs). Returns (out, lse),
-    allocating them by ``empty(shape, dtype)`` (the result only if ``out`` is None or strided;
-    lse is None without ``want_lse``), or None without doing anything if the inputs are not of
-    that kind. ``scale`` is a float or None (1 / sqrt(E)). The low-overhead path of
-    scaled_dot_product_attention: one pass of checks on the buffers."""
+    memory with the inputs, or a writable, aligned strided one whose elements do not overlap
+    each other, which gets a copy of the result after the kernel (so it may alias the
+    inputs). Returns (out, lse), allocating them by ``empty(shape, dtype)`` (the result only
+    if ``out`` is None or strided; lse is None without ``want_lse``), or None without doing
+    anything if the inputs are not of that kind. ``scale`` is a float or None (1 / sqrt(E)).
+    The low-overhead path of scaled_dot_product_attention: one pass of checks on the
+    buffers."""
     cdef Py_buffer qv, kv, vv, mv, ov, lv, rv
     cdef bint have_q = False, have_k = False, have_v = False, have_m = False
     cdef bint have_o = False, have_l = False, have_r = False, o_strided = False
@@ -2784,13 +2812,13 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
                     return None
         elif have_o:
             # a strided out gets a copy of the result once every input has been read, so it
-            # may share memory with them (not with itself: no zero strides)
+            # may share memory with them, but not with itself (the general path's copy would
+            # leave other bytes in the shared elements)
             if (_float_code(&ov) != code or <uintptr_t>ov.buf % code or ov.ndim != nd
-                    or ov.shape[nd - 1] != Ev):
+                    or ov.shape[nd - 1] != Ev or not _no_self_overlap(&ov)):
                 return None
             for d in range(nd):
-                if ((d < nd - 1 and ov.shape[d] != qv.shape[d]) or ov.strides[d] % code
-                        or (ov.strides[d] == 0 and ov.shape[d] > 1)):
+                if (d < nd - 1 and ov.shape[d] != qv.shape[d]) or ov.strides[d] % code:
                     return None
         offs = <int64_t*>malloc(<size_t>(4 * batch) * sizeof(int64_t))
         if offs == NULL:
