@@ -2590,19 +2590,15 @@ cdef enum:
 
 
 cdef int _fast_mask_layout(const Py_buffer* mv, int code, const Py_buffer* qv, Py_ssize_t S,
-                           Py_ssize_t batch, int64_t* m_off, Py_ssize_t* m_rs,
-                           Py_ssize_t* m_cs) noexcept:
+                           Py_ssize_t* st) noexcept:
     """The kind of a mask buffer for attention_fast: 1 for bool, 2 for an aligned float mask of
     the data dtype (``code``), 0 for anything else or a mask that does not broadcast to q's
-    batch shape + (L, S) without enlarging it. For kinds 1 and 2, writes the element offset of
-    each batch entry's (L, S) mask (C order, broadcast dims contribute 0) to m_off[0:batch]
-    and the element strides of the L and S dims (0 where broadcast) to m_rs, m_cs."""
+    batch shape + (L, S) without enlarging it. For kinds 1 and 2, writes the mask's element
+    stride along each of q's dims, the last standing for S (0 where broadcast), to
+    st[0:q.ndim]."""
     cdef const char* fmt = mv.format
-    cdef int nd = qv.ndim, nb = qv.ndim - 2, lead = qv.ndim - mv.ndim, kind, d
-    cdef Py_ssize_t item, size, target, bi
-    cdef Py_ssize_t st[FAST_MAX_DIMS]
-    cdef Py_ssize_t idx[FAST_MAX_DIMS]
-    cdef int64_t off = 0
+    cdef int nd = qv.ndim, lead = qv.ndim - mv.ndim, kind, d
+    cdef Py_ssize_t item, size, target
     if lead < 0 or nd > FAST_MAX_DIMS:
         return 0
     if fmt != NULL and fmt[0] == b'?' and fmt[1] == 0 and mv.itemsize == 1:
@@ -2614,7 +2610,6 @@ cdef int _fast_mask_layout(const Py_buffer* mv, int code, const Py_buffer* qv, P
     item = mv.itemsize
     for d in range(nd):
         st[d] = 0
-        idx[d] = 0
         if d < lead:
             continue
         size = mv.shape[d - lead]
@@ -2625,44 +2620,21 @@ cdef int _fast_mask_layout(const Py_buffer* mv, int code, const Py_buffer* qv, P
             st[d] = mv.strides[d - lead] // item
         elif size != 1:
             return 0
-    m_rs[0] = st[nd - 2]
-    m_cs[0] = st[nd - 1]
-    for bi in range(batch):                     # odometer over the batch dims, last fastest
-        m_off[bi] = off
-        d = nb - 1
-        while d >= 0:
-            idx[d] += 1
-            off += st[d]
-            if idx[d] < qv.shape[d]:
-                break
-            off -= st[d] * idx[d]
-            idx[d] = 0
-            d -= 1
     return kind
-
-
-cdef bint _extent(const Py_buffer* x, uintptr_t* lo, uintptr_t* hi) noexcept:
-    """[lo, hi): the bytes spanned by the strided buffer x (any strides, also negative or
-    zero); False if x has no element."""
-    cdef int d
-    lo[0] = <uintptr_t>x.buf
-    hi[0] = <uintptr_t>x.buf + <uintptr_t>x.itemsize
-    for d in range(x.ndim):
-        if x.shape[d] == 0:
-            return False
-        if x.strides[d] < 0:
-            lo[0] -= <uintptr_t>((x.shape[d] - 1) * -x.strides[d])
-        else:
-            hi[0] += <uintptr_t>((x.shape[d] - 1) * x.strides[d])
-    return True
 
 
 cdef bint _disjoint_strided(const Py_buffer* x, const Py_buffer* y) noexcept:
     """True if no byte of the strided buffer x (any strides, also negative or zero) lies in
     the contiguous buffer y."""
-    cdef uintptr_t lo, hi
-    if not _extent(x, &lo, &hi):
-        return True
+    cdef uintptr_t lo = <uintptr_t>x.buf, hi = <uintptr_t>x.buf + <uintptr_t>x.itemsize
+    cdef int d
+    for d in range(x.ndim):
+        if x.shape[d] == 0:
+            return True
+        if x.strides[d] < 0:
+            lo -= <uintptr_t>((x.shape[d] - 1) * -x.strides[d])
+        else:
+            hi += <uintptr_t>((x.shape[d] - 1) * x.strides[d])
     return hi <= <uintptr_t>y.buf or <uintptr_t>y.buf + <uintptr_t>y.len <= lo
 
 
@@ -2693,21 +2665,17 @@ cdef bint _no_self_overlap(const Py_buffer* o) noexcept:
     return True
 
 
-cdef void _rows_to_strided(const char* src, const Py_buffer* o, Py_ssize_t batch) noexcept nogil:
+cdef void _rows_to_strided(const char* src, const Py_buffer* o, const int64_t* o_off,
+                           Py_ssize_t batch) noexcept nogil:
     """Copy batch x L rows of Ev adjacent elements at src (C order) into the strided buffer o
-    of shape (..., L, Ev) (batch entries in C order of its leading dims)."""
-    cdef int nd = o.ndim, d
+    of shape (..., L, Ev), batch entry bi starting o_off[bi] elements after o's first."""
+    cdef int nd = o.ndim
     cdef Py_ssize_t item = o.itemsize, L = o.shape[nd - 2], Ev = o.shape[nd - 1]
     cdef Py_ssize_t rs = o.strides[nd - 2], cs = o.strides[nd - 1], bi, r, e
-    cdef Py_ssize_t idx[FAST_MAX_DIMS]
     cdef char* base
     cdef char* dst
-    for d in range(nd - 2):
-        idx[d] = 0
     for bi in range(batch):
-        base = <char*>o.buf
-        for d in range(nd - 2):
-            base += idx[d] * o.strides[d]
+        base = <char*>o.buf + o_off[bi] * item
         for r in range(L):
             dst = base + r * rs
             if cs == item:
@@ -2716,13 +2684,6 @@ cdef void _rows_to_strided(const char* src, const Py_buffer* o, Py_ssize_t batch
                 for e in range(Ev):
                     memcpy(dst + e * cs, src + e * item, <size_t>item)
             src += Ev * item
-        d = nd - 3
-        while d >= 0:
-            idx[d] += 1
-            if idx[d] < o.shape[d]:
-                break
-            idx[d] = 0
-            d -= 1
 
 
 def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bint gqa,
@@ -2747,8 +2708,9 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
     cdef int status = 0, code, d, nd, mask_kind = 0
     cdef Py_ssize_t batch = 1, bi, L, S, E, Ev, work, m_rs = 0, m_cs = 0, hq = 1, group = 1
     cdef Py_ssize_t idx[FAST_MAX_DIMS]
+    cdef Py_ssize_t m_st[FAST_MAX_DIMS]
     cdef Py_ssize_t q_rs, k_rs, v_rs, item, j
-    cdef int64_t q_o, k_o, v_o
+    cdef int64_t q_o, k_o, v_o, m_o, o_o
     cdef double scale_value
     cdef int64_t* offs = NULL
     cdef object res = None, lse = None
@@ -2820,17 +2782,20 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
             for d in range(nd):
                 if (d < nd - 1 and ov.shape[d] != qv.shape[d]) or ov.strides[d] % code:
                     return None
-        offs = <int64_t*>malloc(<size_t>(4 * batch) * sizeof(int64_t))
-        if offs == NULL:
-            raise MemoryError("cyattn.scaled_dot_product_attention: could not allocate scratch")
+        for d in range(nd):
+            m_st[d] = 0
         if have_m:
-            mask_kind = _fast_mask_layout(&mv, code, &qv, S, batch, offs + 3 * batch,
-                                          &m_rs, &m_cs)
+            mask_kind = _fast_mask_layout(&mv, code, &qv, S, m_st)
             if mask_kind == 0:
                 return None
-        # element offsets of each batch entry's (L, E), (S, E), (S, Ev) matrices: an odometer
-        # over the batch dims, last fastest; with gqa, query head h reads key/value head
-        # h // group
+            m_rs = m_st[nd - 2]
+            m_cs = m_st[nd - 1]
+        offs = <int64_t*>malloc(<size_t>(5 * batch) * sizeof(int64_t))
+        if offs == NULL:
+            raise MemoryError("cyattn.scaled_dot_product_attention: could not allocate scratch")
+        # element offsets of each batch entry's q, k, v, mask and (strided) out matrices: an
+        # odometer over the batch dims, last fastest; with gqa, query head h reads key/value
+        # head h // group
         item = qv.itemsize
         for d in range(nd - 2):
             idx[d] = 0
@@ -2838,14 +2803,21 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
             q_o = 0
             k_o = 0
             v_o = 0
+            m_o = 0
+            o_o = 0
             for d in range(nd - 2):
                 j = idx[d] // group if gqa and d == nd - 3 else idx[d]
                 q_o += idx[d] * (qv.strides[d] // item)
                 k_o += j * (kv.strides[d] // item)
                 v_o += j * (vv.strides[d] // item)
+                m_o += idx[d] * m_st[d]
+                if o_strided:
+                    o_o += idx[d] * (ov.strides[d] // item)
             offs[bi] = q_o
             offs[batch + bi] = k_o
             offs[2 * batch + bi] = v_o
+            offs[3 * batch + bi] = m_o
+            offs[4 * batch + bi] = o_o
             d = nd - 3
             while d >= 0:
                 idx[d] += 1
@@ -2881,7 +2853,7 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
                 m_rs, m_cs, <char*>rv.buf, <char*>lv.buf, batch, L, S, E, Ev, scale_value,
                 causal, (S - L) if bottom_right else 0, want_lse, n_threads)
             if status == 0 and o_strided:
-                _rows_to_strided(<const char*>rv.buf, &ov, batch)
+                _rows_to_strided(<const char*>rv.buf, &ov, offs + 4 * batch, batch)
         if o_strided:
             res = out
     finally:
