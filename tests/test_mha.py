@@ -237,6 +237,26 @@ def test_float32_matches_oracle(mask_case, batch_first):
             assert_close(w, ref_w, np.float32)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 48, 49, 130])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_linear_both_product_forms(rows, bias, dtype):
+    # float32 products of 2..48 rows take the swapped form (W @ x.T, copied out with the bias);
+    # both forms must give x @ W.T + b, C-contiguous, in the compute dtype.
+    from cyattn.mha import _linear
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, 3, 40))
+    w = rng.standard_normal((24, 40))
+    b = rng.standard_normal(24) if bias else None
+    y = _linear(x.astype(dtype), w.astype(dtype), None if b is None else b.astype(dtype),
+                np.dtype(dtype))
+    ref = x.astype(dtype).astype(np.float64) @ w.astype(dtype).astype(np.float64).T
+    if bias:
+        ref = ref + b.astype(dtype)
+    assert y.shape == (rows, 3, 24) and y.dtype == dtype and y.flags.c_contiguous
+    assert_close(y, ref, dtype)
+
+
 def test_fully_masked_rows_give_out_proj_bias():
     E, H, L, S, N = 8, 2, 3, 4, 2
     rng = np.random.default_rng(0)
