@@ -257,6 +257,31 @@ def test_linear_both_product_forms(rows, bias, dtype):
     assert_close(y, ref, dtype)
 
 
+def test_attention_kernels_run_on_the_calling_thread(monkeypatch):
+    # The projections use NumPy's BLAS threads. Our OpenMP team spinning on the same cores made
+    # a (1, 42, 384) forward 15x slower, so the attention and softmax kernels get one thread.
+    import cyattn.mha as mha_mod
+    seen = []
+    sdpa, soft = mha_mod.scaled_dot_product_attention, mha_mod._softmax
+
+    def spy_sdpa(*args, **kwargs):
+        seen.append(("sdpa", kwargs.get("n_threads")))
+        return sdpa(*args, **kwargs)
+
+    def spy_soft(*args, **kwargs):
+        seen.append(("softmax", kwargs.get("n_threads")))
+        return soft(*args, **kwargs)
+
+    monkeypatch.setattr(mha_mod, "scaled_dot_product_attention", spy_sdpa)
+    monkeypatch.setattr(mha_mod, "_softmax", spy_soft)
+    rng = np.random.default_rng(4)
+    m = cyattn.MultiHeadAttention(16, 4, seed=0)
+    x = rng.standard_normal((5, 2, 16))
+    m(x, x, x, need_weights=False)
+    m(x, x, x, need_weights=True)
+    assert seen == [("sdpa", 1), ("softmax", 1)]
+
+
 def test_fully_masked_rows_give_out_proj_bias():
     E, H, L, S, N = 8, 2, 3, 4, 2
     rng = np.random.default_rng(0)

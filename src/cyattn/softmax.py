@@ -21,7 +21,7 @@ def _fast_call(x, axis, mask, out, log_out):
     return _backend.kernels.softmax_fast(x, out, log_out, V.fast_threads(None), _empty)
 
 
-def _softmax(fname, x, axis, mask, out, log_out):
+def _softmax(fname, x, axis, mask, out, log_out, n_threads=None):
     x = V.as_float_array(x, "x", fname)
     if x.ndim == 0:
         raise ValueError(f"{fname}: x must have at least 1 dimension, got a 0-d array")
@@ -55,7 +55,8 @@ def _softmax(fname, x, axis, mask, out, log_out):
                 am, a_rs, a_cs = m2, rs, cs
         _backend.kernels.softmax_rows(xc.reshape(rows, n), res.reshape(rows, n), bm, am,
                              b_rs, b_cs, a_rs, a_cs, log_out,
-                             V.threads_for_work(V.resolve_threads(None, fname), rows * n, 1 << 15))
+                             V.threads_for_work(V.resolve_threads(n_threads, fname), rows * n,
+                                                                 1 << 15))
     if res is out:                      # the kernel wrote the caller's out directly
         return out
     if not last:
