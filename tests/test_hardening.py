@@ -283,8 +283,9 @@ _MIN_MID_ITERATIONS = 100
 
 def _long_call(kind, rng):
     """A long call (0.03-0.3 s of CPU on this machine); n_threads=1 where the API has it
-    (softmax runs on the default team). Sizes are fixed: the criterion does not depend on
-    the duration as long as the call takes more than a few milliseconds."""
+    (softmax runs on the calling thread's OpenMP default: see _one_openmp_thread). Sizes are
+    fixed: the criterion does not depend on the duration as long as the call takes more than
+    a few milliseconds."""
     if kind == "sdpa":
         q, k, v = (rng.standard_normal((1, 12, 2048, 64)).astype(np.float32) for _ in range(3))
         return lambda: cyattn.scaled_dot_product_attention(q, k, v, n_threads=1)
@@ -306,13 +307,25 @@ def _long_call(kind, rng):
     raise AssertionError(kind)
 
 
-class _Worker(threading.Thread):
-    """Runs ``fn`` once, bracketed by readings of its own CPU clock, then waits for
-    ``release`` (so that its clock stays readable until the main thread is done)."""
+def _one_openmp_thread():
+    """Limit the calling thread's OpenMP team to one thread (threadpoolctl sets the calling
+    thread's default, which softmax reads), if threadpoolctl is installed. Two OpenMP threads
+    plus the sampling main thread on two cores let external load starve the main thread."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    threadpool_limits(limits=1, user_api="openmp")
 
-    def __init__(self, fn, go):
+
+class _Worker(threading.Thread):
+    """Runs ``setup`` (if given) and then ``fn`` once, bracketed by readings of its own CPU
+    clock, then waits for ``release`` (so that its clock stays readable until the main thread
+    is done)."""
+
+    def __init__(self, fn, go, setup=None):
         super().__init__(daemon=True)
-        self.fn, self.go = fn, go
+        self.fn, self.go, self.setup = fn, go, setup
         self.ready, self.done, self.release = (threading.Event() for _ in range(3))
         self.clock = None
         self.span = None
@@ -322,6 +335,8 @@ class _Worker(threading.Thread):
     def run(self):
         try:
             self.clock = time.pthread_getcpuclockid(threading.get_ident())
+            if self.setup is not None:
+                self.setup()
             self.ready.set()
             self.go.wait()
             c0 = time.clock_gettime(self.clock)
@@ -356,9 +371,9 @@ def _mid(span):
     return c0 + 0.1 * (c1 - c0), c1 - 0.1 * (c1 - c0)
 
 
-def _run_workers(fns):
+def _run_workers(fns, setup=None):
     go = threading.Event()
-    workers = [_Worker(fn, go) for fn in fns]
+    workers = [_Worker(fn, go, setup) for fn in fns]
     for w in workers:
         w.start()
     for w in workers:
@@ -398,7 +413,8 @@ def test_main_thread_runs_python_during_kernel(variant, kind):
     """While a worker thread is inside a long kernel call (n_threads=1 where the API has it),
     the main thread keeps executing Python bytecode."""
     fn = _long_call(kind, np.random.default_rng(11))
-    (worker,), buckets = _run_workers([fn])
+    setup = _one_openmp_thread if "softmax" in kind else None
+    (worker,), buckets = _run_workers([fn], setup)
     c0, c1 = worker.span
     if c1 - c0 < 0.01:
         pytest.skip(f"the call took only {1e3 * (c1 - c0):.1f} ms of CPU: too short to judge")
