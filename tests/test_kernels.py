@@ -131,21 +131,25 @@ def test_matmul_sizes(variant, dtype, shape):
 
 
 @pytest.mark.parametrize("shape", [(64, 64, 64), (13, 50, 70), (5, 64, 256), (3, 40, 1),
-                                   (96, 96, 96), (7, 24, 9)],
+                                   (96, 96, 96), (7, 24, 9), (1, 300, 600), (3, 70, 513),
+                                   (4, 64, 1000), (2, 1000, 300), (1, 1, 257)],
                          ids=lambda s: "x".join(map(str, s)))
 @native_dtypes
 def test_matmul_unpacked_small_path_same_bits(variant, dtype, shape):
     # Small products of row-major operands skip packing (gemm_small, with zero rows and a
-    # packed last panel at the edges); a Fortran-order A takes the packed path. Both must sum
-    # every element in the same order, so the bits are equal.
+    # packed last panel at the edges), and so do products of a few rows with K > KC (in KC
+    # blocks) in the avx512 variant; an A whose columns are not adjacent takes the packed
+    # path. Both must sum every element in the same order, so the bits are equal.
     M, N, K = shape
     rng = np.random.default_rng(M * 7 + N * 3 + K)
     a = rng.standard_normal((M, K)).astype(dtype)
     b = rng.standard_normal((K, N)).astype(dtype)
     out0 = rng.standard_normal((M, N)).astype(dtype)
+    a_cols_apart = np.zeros((M, 2 * K), dtype)[:, ::2]
+    a_cols_apart[...] = a
     direct, packed = out0.copy(), out0.copy()
     cyattn.matmul_accumulate(a, b, direct, alpha=-0.75, n_threads=1)
-    cyattn.matmul_accumulate(np.asfortranarray(a), b, packed, alpha=-0.75, n_threads=1)
+    cyattn.matmul_accumulate(a_cols_apart, b, packed, alpha=-0.75, n_threads=1)
     np.testing.assert_array_equal(direct, packed)
     assert_close(direct, numpy_matmul(a, b, out0, -0.75), dtype, k=K)
 

@@ -24,5 +24,9 @@ cdef enum:
     DNRD = 32
     DMR_MAX = 4
     DNR_MAX = 64
+    # Products of at most DMR rows by a B of at most this many bytes run unpacked (gemm_small):
+    # packing B cost more than the product (M = 1-4 against 1.8-4 MiB: 1.5-2.8x faster
+    # unpacked; a 64 MiB B from memory stays packed)
+    SMALL_B_BYTES = 1 << 22
 
 include "_kernels_impl.pxi"

@@ -36,7 +36,9 @@
 #   splits its output into tiles only as far as threads need (matmul_tiles): each tile packs
 #   its own B, and tiles of MC rows repacked B once per 144 rows (13 % of an n=1024 product).
 #   The micro-kernel prefetches every cache line of its C tile on entry (+4-8 % at n >= 1024).
-#   Products up to SMALL_MNK with row-major A and B and K <= KC skip packing (gemm_small): a
+#   Products up to SMALL_MNK with row-major A and B and K <= KC skip packing (gemm_small), and
+#   so do products of at most DMR rows with a B of at most SMALL_B_BYTES (K in KC blocks; the
+#   avx512 variant only, where packing B cost more than such a product: 1.5-2.8x): a
 #   DMR x DNR micro-kernel reads A's rows and B's rows in place (4 rows keep the row pointers
 #   in registers; 8 spilled them), with the same multiply-adds in the same order, so the same
 #   bits. Packing was a third of an n=64 product.
@@ -1027,32 +1029,38 @@ cdef void gemm_small(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
                      const floating* a, Py_ssize_t rsa, const floating* b, Py_ssize_t rsb,
                      floating* c, Py_ssize_t rsc, Py_ssize_t csc,
                      floating* buf_a, floating* buf_b) noexcept nogil:
-    """C += alpha A B for K <= KC and A, B with unit column strides, unpacked: full column
-    panels of B are read in place, the last partial one is packed (zero padded) into buf_b,
-    and buf_a holds the K zeros that stand in for A's rows past M (read only when M is not a
-    multiple of the tile's rows)."""
+    """C += alpha A B for A, B with unit column strides, unpacked: full column panels of B are
+    read in place, the last partial one is packed (zero padded) into buf_b, and buf_a holds
+    the min(K, KC) zeros that stand in for A's rows past M (read only when M is not a
+    multiple of the tile's rows). K runs in KC blocks in order, each added to C, exactly as
+    in the packed path, so the bits are the same."""
     cdef Py_ssize_t mr = DMR if floating is float else DMRD
     cdef Py_ssize_t nr = DNR if floating is float else DNRD
-    cdef Py_ssize_t jr, ir, n_here
+    cdef Py_ssize_t jr, ir, n_here, pc, kc
     cdef const floating* bj
     cdef Py_ssize_t ldb
     if M % mr:
-        memset(buf_a, 0, <size_t>K * sizeof(floating))
+        memset(buf_a, 0, <size_t>(K if K < KC else KC) * sizeof(floating))
     jr = 0
     while jr < N:
         n_here = N - jr if N - jr < nr else nr
-        if n_here == nr:
-            bj = b + jr
-            ldb = rsb
-        else:
-            pack_b(K, n_here, b + jr, rsb, 1, buf_b, nr)
-            bj = buf_b
-            ldb = nr
-        ir = 0
-        while ir < M:
-            micro_kernel_direct(K, a + ir * rsa, rsa, buf_a, bj, ldb, c + ir * rsc + jr * csc,
-                                rsc, csc, M - ir if M - ir < mr else mr, n_here, alpha)
-            ir += mr
+        pc = 0
+        while pc < K:
+            kc = K - pc if K - pc < KC else KC
+            if n_here == nr:
+                bj = b + pc * rsb + jr
+                ldb = rsb
+            else:
+                pack_b(kc, n_here, b + pc * rsb + jr, rsb, 1, buf_b, nr)
+                bj = buf_b
+                ldb = nr
+            ir = 0
+            while ir < M:
+                micro_kernel_direct(kc, a + ir * rsa + pc, rsa, buf_a, bj, ldb,
+                                    c + ir * rsc + jr * csc, rsc, csc,
+                                    M - ir if M - ir < mr else mr, n_here, alpha)
+                ir += mr
+            pc += KC
         jr += nr
 
 
@@ -1073,6 +1081,7 @@ cdef void gemm_block(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
     cdef Py_ssize_t mr = MR if floating is float else MRD
     cdef Py_ssize_t nr = NR if floating is float else NRD
     cdef Py_ssize_t dnr = DNR if floating is float else DNRD
+    cdef Py_ssize_t dmr = DMR if floating is float else DMRD
     if M <= 0 or N <= 0:
         return
     if K <= 0:
@@ -1081,9 +1090,12 @@ cdef void gemm_block(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
                 for j in range(N):
                     c[i * rsc + j * csc] = 0
         return
-    if (K <= KC and csa == 1 and csb == 1 and not overwrite and M * N * K <= SMALL_MNK
+    if (csa == 1 and csb == 1 and not overwrite
+            and ((K <= KC and M * N * K <= SMALL_MNK)
+                 or (M <= dmr and N * K * <Py_ssize_t>sizeof(floating) <= SMALL_B_BYTES))
             and round_up(N, dnr) - N <= round_up(N, nr) - N):
-        # small, row-major, and the unpacked tile pads no more columns than the packed one
+        # row-major, small (or one tile of rows against a B that L2 holds), and the unpacked
+        # tile pads no more columns than the packed one
         gemm_small(M, N, K, alpha, a, rsa, b, rsb, c, rsc, csc, buf_a, buf_b)
         return
     jc = 0

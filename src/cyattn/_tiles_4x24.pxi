@@ -19,3 +19,7 @@ cdef enum:
     DNRD = 24
     DMR_MAX = 4
     DNR_MAX = 24
+    # Products of at most DMR rows take the unpacked path only when small (SMALL_MNK): its
+    # 24-column tile reads a row of B 1.5 cache lines at a time, and against a B of 2-4 MiB it
+    # ran at 0.7-0.8x the packed path (1.27x at 1.8 MiB: too narrow a margin to keep).
+    SMALL_B_BYTES = 0
