@@ -56,7 +56,7 @@ def _softmax(fname, x, axis, mask, out, log_out, n_threads=None):
         _backend.kernels.softmax_rows(xc.reshape(rows, n), res.reshape(rows, n), bm, am,
                              b_rs, b_cs, a_rs, a_cs, log_out,
                              V.threads_for_work(V.resolve_threads(n_threads, fname), rows * n,
-                                                                 1 << 15))
+                                                1 << 15))
     if res is out:                      # the kernel wrote the caller's out directly
         return out
     if not last:
