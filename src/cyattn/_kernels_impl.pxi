@@ -1025,6 +1025,48 @@ cdef void micro_kernel_direct(Py_ssize_t kc, const floating* a, Py_ssize_t rsa,
             c[i * rsc + j * csc] += alpha * acc[i][j]
 
 
+cdef void micro_kernel_row(Py_ssize_t kc, const floating* a, const floating* b,
+                           Py_ssize_t rsb, floating* c, floating alpha) noexcept nogil:
+    """c[0:w] += alpha * a[0:kc] @ B[0:kc, 0:w] for one row of A, w = MR x NR (MRD x NRD for
+    float64) columns, B's rows read in place (unit column stride) and c contiguous: the
+    accumulators of a whole tile hold one row, so each step reads w adjacent elements of B.
+    Per element the same multiply-adds in the same order as the other micro-kernels, so the
+    same bits. kc >= 1."""
+    cdef floating acc[MR][NR]
+    cdef const floating* bp
+    cdef Py_ssize_t p, i, j
+    cdef floating a_p
+    cdef floating zero = 0
+    if floating is float:
+        a_p = a[0]
+        for i in range(MR):             # the first k step starts the sums (micro_kernel_f32)
+            for j in range(NR):
+                acc[i][j] = a_p * b[i * NR + j] + zero
+        for p in range(1, kc):
+            a_p = a[p]
+            bp = b + p * rsb
+            for i in range(MR):
+                for j in range(NR):
+                    acc[i][j] += a_p * bp[i * NR + j]
+        for i in range(MR):
+            for j in range(NR):
+                c[i * NR + j] += alpha * acc[i][j]
+    else:
+        a_p = a[0]
+        for i in range(MRD):
+            for j in range(NRD):
+                acc[i][j] = a_p * b[i * NRD + j] + zero
+        for p in range(1, kc):
+            a_p = a[p]
+            bp = b + p * rsb
+            for i in range(MRD):
+                for j in range(NRD):
+                    acc[i][j] += a_p * bp[i * NRD + j]
+        for i in range(MRD):
+            for j in range(NRD):
+                c[i * NRD + j] += alpha * acc[i][j]
+
+
 cdef void gemm_small(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
                      const floating* a, Py_ssize_t rsa, const floating* b, Py_ssize_t rsb,
                      floating* c, Py_ssize_t rsc, Py_ssize_t csc,
@@ -1036,12 +1078,23 @@ cdef void gemm_small(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
     in the packed path, so the bits are the same."""
     cdef Py_ssize_t mr = DMR if floating is float else DMRD
     cdef Py_ssize_t nr = DNR if floating is float else DNRD
+    cdef Py_ssize_t row_w = MR * NR if floating is float else MRD * NRD
     cdef Py_ssize_t jr, ir, n_here, pc, kc
     cdef const floating* bj
     cdef Py_ssize_t ldb
     if M % mr:
         memset(buf_a, 0, <size_t>(K if K < KC else KC) * sizeof(floating))
     jr = 0
+    if M == 1 and csc == 1:
+        # one row: whole tiles of accumulators along the row (micro_kernel_row), the
+        # remaining columns below
+        while jr + row_w <= N:
+            pc = 0
+            while pc < K:
+                kc = K - pc if K - pc < KC else KC
+                micro_kernel_row(kc, a + pc, b + pc * rsb + jr, rsb, c + jr, alpha)
+                pc += KC
+            jr += row_w
     while jr < N:
         n_here = N - jr if N - jr < nr else nr
         pc = 0
