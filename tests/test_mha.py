@@ -263,24 +263,25 @@ def test_attention_kernels_run_on_the_calling_thread(monkeypatch):
     # a (1, 42, 384) forward 15x slower, so the attention and softmax kernels get one thread.
     import cyattn.mha as mha_mod
     seen = []
-    sdpa, soft = mha_mod.scaled_dot_product_attention, mha_mod._softmax
 
-    def spy_sdpa(*args, **kwargs):
-        seen.append(("sdpa", kwargs.get("n_threads")))
-        return sdpa(*args, **kwargs)
+    def spy(name):
+        real = getattr(mha_mod, name)
 
-    def spy_soft(*args, **kwargs):
-        seen.append(("softmax", kwargs.get("n_threads")))
-        return soft(*args, **kwargs)
+        def call(*args, **kwargs):
+            seen.append((name, kwargs.get("n_threads")))
+            return real(*args, **kwargs)
+        monkeypatch.setattr(mha_mod, name, call)
 
-    monkeypatch.setattr(mha_mod, "scaled_dot_product_attention", spy_sdpa)
-    monkeypatch.setattr(mha_mod, "_softmax", spy_soft)
+    for name in ("scaled_dot_product_attention", "_softmax_fast_call", "_softmax"):
+        spy(name)
     rng = np.random.default_rng(4)
     m = cyattn.MultiHeadAttention(16, 4, seed=0)
     x = rng.standard_normal((5, 2, 16))
     m(x, x, x, need_weights=False)
-    m(x, x, x, need_weights=True)
-    assert seen == [("sdpa", 1), ("softmax", 1)]
+    m(x, x, x, need_weights=True)                     # unmasked: softmax's fast path
+    m(x, x, x, key_padding_mask=np.zeros((2, 5), bool), need_weights=True)
+    assert seen == [("scaled_dot_product_attention", 1), ("_softmax_fast_call", 1),
+                    ("_softmax_fast_call", 1), ("_softmax", 1)]
 
 
 def test_fully_masked_rows_give_out_proj_bias():

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _validate as V
 from .attention import scaled_dot_product_attention
-from .softmax import _softmax
+from .softmax import _fast_call as _softmax_fast_call, _softmax
 
 __all__ = ["multi_head_attention", "MultiHeadAttention"]
 
@@ -400,7 +400,9 @@ def _attend(query, key, value, in_weights, in_biases, w_o, b_o, keep, add, is_ca
         if is_causal:
             causal = np.tri(L, S, dtype=np.bool_)
             keep = causal if keep is None else keep & causal
-        weights = _softmax(_FNAME, scores, -1, keep, None, False, n_threads=1)
+        weights = _softmax_fast_call(scores, -1, keep, None, False, n_threads=1)
+        if weights is None:
+            weights = _softmax(_FNAME, scores, -1, keep, None, False, n_threads=1)
         heads = _weights_times_value(weights, v)
     else:
         heads = scaled_dot_product_attention(q, k, v, keep if add is None else add,

@@ -10,7 +10,7 @@ _ndarray = np.ndarray
 _empty = np.empty
 
 
-def _fast_call(x, axis, mask, out, log_out):
+def _fast_call(x, axis, mask, out, log_out, n_threads=None):
     """The common call: a C-contiguous, aligned float32/float64 ndarray over its last axis,
     without a mask, into a new array or a matching C-contiguous ``out`` that shares no memory
     with ``x``. The kernel module checks the buffers in one pass; None means the call must take
@@ -18,7 +18,7 @@ def _fast_call(x, axis, mask, out, log_out):
     if not (mask is None and type(x) is _ndarray and type(axis) is int and axis == -1
             and (out is None or type(out) is _ndarray)):
         return None
-    return _backend.kernels.softmax_fast(x, out, log_out, V.fast_threads(None), _empty)
+    return _backend.kernels.softmax_fast(x, out, log_out, V.fast_threads(n_threads), _empty)
 
 
 def _softmax(fname, x, axis, mask, out, log_out, n_threads=None):
