@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import sysconfig
+import time
 
 import numpy as np
 import pytest
@@ -166,6 +167,15 @@ def test_bench_helpers():
                                samples=5, target=0.0005)
     assert len(times["a"]) == len(times["b"]) == 5
     assert all(t > 0 for t in times["a"] + times["b"])
+    # with a pause, each sample is preceded by one untimed call (calibrate makes two calls, and
+    # a call longer than target gives one timed call per sample)
+    calls.clear()
+    times = _bench.interleaved({"a": lambda: calls.append(time.sleep(0.002))},
+                               samples=3, target=0.001, pause=0.001)
+    assert len(times["a"]) == 3 and len(calls) == 2 + 3 * 2
+    calls.clear()
+    _bench.interleaved({"a": lambda: calls.append(time.sleep(0.002))}, samples=3, target=0.001)
+    assert len(calls) == 2 + 3
     assert _bench.paired_ratio([2.0, 4.0, 6.0], [1.0, 1.0, 2.0]) == 3.0
     assert _bench.summary([3.0, 1.0, 2.0]) == (2.0, 1.0, 3.0)
     x = np.random.default_rng(0).standard_normal((4, 7)).astype(np.float32)

@@ -13,7 +13,8 @@ Measurement rules (see bench/README.md in the repository for the full harness):
   (up to 5x). They act when numpy is loaded, so the bench re-runs itself in a child process
   without them (:func:`blas_env_overrides`, :func:`rerun_without_blas_overrides`) and says so.
 * With more than one thread, OpenBLAS workers busy-spin for ~0.1 s after a call, which would
-  slow whatever runs next on a small machine: samples are then separated by a pause.
+  slow whatever runs next on a small machine: samples are then separated by a pause, and an
+  untimed call after the pause keeps the slow first call after a sleep out of the sample.
 
 The full harness (``python -m cyattn bench --full``, ``bench/run.py`` in a checkout) lives here
 too, so that it runs from an installed package: cyattn vs NumPy vs PyTorch (when installed) on
@@ -161,7 +162,10 @@ def interleaved(fns, samples=7, target=0.02, pause=0.0, tick=None):
 
     Round r runs every function once in order (A B A B ...), each for a calibrated number of
     calls; returns a dict name -> list of seconds per call, one per round. ``pause`` seconds of
-    sleep separate samples; ``tick()`` is called after each round.
+    sleep separate samples, each followed by one untimed call: here the first call after a
+    sleep ran 1.5-2.5x slower for every implementation (decode at 2 threads: 9-15 ms, then
+    5-6 ms), which with a few calls per sample decided the ratio. ``tick()`` is called after
+    each round.
     """
     numbers = {name: calibrate(fn, target) for name, fn in fns.items()}
     times = {name: [] for name in fns}
@@ -169,6 +173,7 @@ def interleaved(fns, samples=7, target=0.02, pause=0.0, tick=None):
         for name, fn in fns.items():
             if pause:
                 time.sleep(pause)
+                fn()
             times[name].append(_time_calls(fn, numbers[name]))
         if tick:
             tick()
