@@ -25,8 +25,22 @@ def omp_pause():
     return cyattn_omp_pause()
 
 
-cdef enum:
-    PROBE_LANES = 192  # independent multiply-add chains of the FMA peak probe
+cdef extern from *:
+    """
+    /* Independent multiply-add chains of the FMA peak probe: twelve vector registers' worth on
+       every ISA, so that all accumulators stay in registers on the 16-register ones (SSE2 and
+       NEON 128-bit, AVX2 256-bit) as on AVX-512 (32 registers). 192 float32 chains on AVX2 were
+       24 ymm registers: gcc spilled them, and a Zen 1 host reported 26.8 GFLOP/s per core where
+       OpenBLAS's sgemm ran at 36.4. Twelve chains cover two FMA pipes of up to 6 cycles. */
+    #if defined(__AVX512F__)
+    #define CYATTN_PROBE_LANES 192
+    #elif defined(__AVX__)
+    #define CYATTN_PROBE_LANES 96
+    #else
+    #define CYATTN_PROBE_LANES 48
+    #endif
+    """
+    enum: PROBE_LANES "CYATTN_PROBE_LANES"
 
 
 def fma_probe(Py_ssize_t iters):
