@@ -9,9 +9,10 @@
 #   an online softmax, transposed:
 #   S^T = K Q^T goes straight into the packed-panel layout (NR query lanes per panel) that
 #   O^T += V^T P^T reads as its B operand, so the weights are never repacked and the column
-#   softmax runs across query lanes. Causal limits skip whole blocks, leading query panels
-#   and, per panel, the keys past its last row's limit (same bits: their weights are 0),
-#   an all-False bool-mask block is skipped, GQA and broadcasting are offsets per batch entry.
+#   softmax runs across query lanes. Row limits (causal, window, lengths; see
+#   _attention_variants.pxi) skip whole blocks, the query panels that see none of a block and,
+#   per panel, the keys outside its rows' limits (same bits: their weights are 0), an
+#   all-False bool-mask block is skipped, GQA and broadcasting are offsets per batch entry.
 #   Scratch is O(tile) per thread; the L x S matrix never exists.
 
 # Floor of the online-softmax shift: a query lane that has seen only -inf scores so far is
@@ -155,29 +156,41 @@ cdef void panel_masks(floating* panel, Py_ssize_t kb, Py_ssize_t nr, Py_ssize_t 
                       Py_ssize_t q0, Py_ssize_t j0,
                       const uint8_t* bmask, const floating* amask,
                       Py_ssize_t m_rs, Py_ssize_t m_cs,
-                      bint causal, Py_ssize_t causal_off) noexcept nogil:
-    """Apply the causal limit and the masks to a panel: key j0 + p, query q0 + j (j < lanes).
+                      const RowLimits* lim) noexcept nogil:
+    """Apply the score transforms, the row limits and the masks to a panel: key j0 + p,
+    query q0 + j (j < lanes).
 
-    Lanes past ``lanes`` are padding (no query) and are left alone, so no mask row past the
-    last query is read.
+    Lanes past ``lanes`` are padding (no query) and are left alone by the masks, so no mask
+    row past the last query is read.
     """
-    cdef Py_ssize_t p, j, cut, first
+    cdef Py_ssize_t p, j, cut, first, start
     cdef floating neg_inf = <floating>-CYATTN_INF
     cdef floating* row
     cdef const uint8_t* b_col
     cdef const floating* a_col
+    if lim.has_softcap or lim.has_slope:
+        panel_transform(panel, kb, nr, q0, j0, lim)
     # One loop per mask, each over the keys it touches only (every element still sees the
-    # causal limit, then the bool mask, then the additive mask); a panel without masks costs
+    # limits, then the bool mask, then the additive mask); a panel without masks costs
     # nothing (a do-nothing loop over the keys was ~2 % of an unmasked call).
-    if causal:
-        # query i sees key j0 + p iff j0 + p <= i + causal_off: lanes j < cut are cut off
-        first = causal_off + q0 - j0 + 1
+    if lim.has_hi:
+        # query i sees key j0 + p iff j0 + p < i + hi_off: lanes j < cut are cut off
+        first = lim.hi_off + q0 - j0
         for p in range(first if first > 0 else 0, kb):
             row = panel + p * nr
-            cut = j0 + p - causal_off - q0
+            cut = j0 + p - lim.hi_off - q0 + 1
             if cut > nr:
                 cut = nr
             for j in range(cut):
+                row[j] = neg_inf
+    if lim.has_lo:
+        # query i sees key j0 + p iff j0 + p >= i + lo_off: lanes j >= start are cut off
+        for p in range(kb):
+            start = j0 + p - lim.lo_off - q0 + 1
+            if start >= nr:
+                break
+            row = panel + p * nr
+            for j in range(start if start > 0 else 0, nr):
                 row[j] = neg_inf
     if bmask != NULL:
         for p in range(kb):
@@ -233,7 +246,7 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
                                floating* out, floating* lse,
                                Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t S,
                                Py_ssize_t E, Py_ssize_t Ev, floating scale,
-                               bint causal, Py_ssize_t causal_off,
+                               const RowLimits* lim,
                                floating* qt_packed, floating* k_packed, floating* vt_packed,
                                floating* tile, floating* ot, Py_ssize_t ld_o,
                                floating* row_m, floating* row_l, floating* factor,
@@ -243,41 +256,59 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
     Transposed formulation: per key block, S^T = K Q^T is computed straight into ``tile`` in
     the packed-panel layout (nr query lanes per panel, one row per key) that the next product
     reads as its B operand, so P is never repacked; the column softmax runs across query
-    lanes (vectorised); then O^T += V^T P^T. Query panels that a causal mask keeps from seeing
-    the whole block are skipped, as are blocks a bool mask removes entirely and the blocks past
-    the last row's causal limit; a panel stops at the keys its last row may see. At the end
-    out = (O^T)^T / sum and lse = max + log(sum). Without ``want_lse`` (the caller discards
-    lse) max + sum is stored instead: it is inf or NaN exactly when max + log(sum) is (sum is
-    at least 1 and at most S), which is all that redo_nonfinite_rows reads, and it saves a
-    log per row (2-3 % of a call with L = S = 128).
+    lanes (vectorised); then O^T += V^T P^T. Only the keys lo(first row) .. hi(last row) are
+    visited (_attention_variants.pxi); per block, query panels whose rows see none of its keys
+    are skipped, as are blocks a bool mask removes entirely, and a panel computes only the
+    keys from its first row's lo to its last row's hi. At the end out = (O^T)^T / sum and
+    lse = max + log(sum), the sink merged in. Without ``want_lse`` (the caller discards lse)
+    max + sum is stored instead: it is inf or NaN exactly when max + log(sum) is (sum is at
+    least 1 and at most S + 1), which is all that redo_nonfinite_rows reads, and it saves a log
+    per row (2-3 % of a call with L = S = 128). Rows at or past the query length are not
+    computed: output 0, lse -inf.
     """
     cdef Py_ssize_t mr = MR if floating is float else MRD
     cdef Py_ssize_t nr = NR if floating is float else NRD
-    cdef Py_ssize_t panels = (rows + nr - 1) // nr
-    cdef Py_ssize_t kv_end = S, j0, kb, kq, jp, jp0, ir, pc, kc, r, e, first_q, lanes
-    cdef floating inv, acc, w
+    cdef Py_ssize_t live = lim.lend - i0 if lim.lend - i0 < rows else rows
+    cdef Py_ssize_t panels, kv_beg, kv_end, j0, kb, kq, ks, jp, jp0, jp1, ir, pc, kc, r, e
+    cdef Py_ssize_t first_q, last_q, lanes, q_first, n_keys
+    cdef floating inv, acc, w, f, l2, m2
     cdef bint v_bad, rescale
     cdef floating* o_row
     cdef floating* panel
     cdef floating* ot_col
+    live = 0 if live < 0 else live
+    for r in range(live, rows):                 # past the query length: output 0, lse -inf
+        for e in range(Ev):
+            out[r * Ev + e] = 0
+        lse[r] = <floating>-CYATTN_INF
+    rows = live
+    if rows == 0:
+        return
+    panels = (rows + nr - 1) // nr
     for r in range(panels * nr):
         row_m[r] = <floating>-CYATTN_INF
         row_l[r] = 0
     memset(ot, 0, <size_t>(ld_o * (Ev if Ev > 0 else 1)) * sizeof(floating))
-    if causal:
-        kv_end = i0 + rows + causal_off         # one past the last key any row here may see
-        kv_end = S if kv_end > S else (0 if kv_end < 0 else kv_end)
-    if kv_end > 0:
+    kv_beg = row_lo(lim, i0)                    # the first key the first row may see
+    kv_end = row_hi(lim, i0 + rows - 1)         # one past the last key any row here may see
+    if kv_end > kv_beg:
         pack_b(E, rows, q + i0 * q_rs, q_cs, q_rs, qt_packed, nr)      # Q^T: E x rows
-    j0 = 0
+    j0 = (kv_beg // KB) * KB                    # blocks start at multiples of KB
     while j0 < kv_end:
         kb = kv_end - j0 if kv_end - j0 < KB else KB
         jp0 = 0
-        if causal:
-            first_q = j0 - causal_off - i0      # queries before this one see none of the keys
+        if lim.has_hi:                          # queries before first_q see none of the keys
+            first_q = j0 - lim.hi_off + 1 - i0
             jp0 = 0 if first_q < 0 else first_q // nr
-        if bmask != NULL and bool_block_empty(bmask, m_rs, m_cs, i0 + jp0 * nr, i0 + rows,
-                                              j0, kb):
+        jp1 = panels
+        if lim.has_lo:                          # queries from last_q on see none of them
+            last_q = j0 + kb - lim.lo_off - i0
+            last_q = 0 if last_q < 0 else last_q
+            jp1 = (last_q + nr - 1) // nr
+            jp1 = panels if jp1 > panels else jp1
+        if jp1 <= jp0 or (bmask != NULL and bool_block_empty(
+                bmask, m_rs, m_cs, i0 + jp0 * nr,
+                i0 + jp1 * nr if i0 + jp1 * nr < i0 + rows else i0 + rows, j0, kb)):
             j0 += KB
             continue
         pack_a(kb, E, k + j0 * k_rs, k_rs, k_cs, k_packed, mr)         # K block: kb x E
@@ -285,37 +316,43 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
         if Ev > 0:
             pack_a(Ev, kb, v + j0 * v_rs, v_cs, v_rs, vt_packed, mr)   # V^T: Ev x kb
             v_bad = has_nonfinite(vt_packed, 1, round_up(Ev, mr) * kb, 0, 1)
-        for jp in range(jp0, panels):
-            panel = tile                        # one panel at a time: KB x nr scratch
+        for jp in range(jp0, jp1):
             lanes = rows - jp * nr if rows - jp * nr < nr else nr
-            kq = kb
-            if causal:                          # keys past the panel's last row's limit
-                kq = i0 + jp * nr + lanes + causal_off - j0
-                kq = kb if kq > kb else kq
+            q_first = i0 + jp * nr
+            # keys ks .. kq of the block: from the first lane's lo (rounded down to a
+            # micro-tile of keys) to the last lane's hi
+            kq = row_hi(lim, q_first + lanes - 1) - j0
+            kq = kb if kq > kb else kq
+            ks = row_lo(lim, q_first) - j0
+            ks = 0 if ks < 0 else (ks // mr) * mr
+            if ks >= kq:
+                continue                        # no lane sees a key of this block
+            n_keys = kq - ks
+            panel = tile + ks * nr              # one panel at a time: KB x nr scratch
             # scores^T for this query panel: (kb x E) @ (E x nr), into the panel layout
-            ir = 0
+            ir = ks
             while ir < kq:
                 if E <= 0:
                     for r in range(ir * nr, (ir + mr if ir + mr < kq else kq) * nr):
-                        panel[r] = 0
+                        tile[r] = 0
                 pc = 0
                 while pc < E:
                     kc = E - pc if E - pc < KC else KC
                     if floating is float:
                         micro_kernel_f32(kc, k_packed + ir * E + pc * mr,
                                          qt_packed + jp * E * nr + pc * nr,
-                                         panel + ir * nr, nr, 1,
+                                         tile + ir * nr, nr, 1,
                                          kq - ir if kq - ir < mr else mr, nr, scale, pc == 0)
                     else:
                         micro_kernel_f64(kc, k_packed + ir * E + pc * mr,
                                          qt_packed + jp * E * nr + pc * nr,
-                                         panel + ir * nr, nr, 1,
+                                         tile + ir * nr, nr, 1,
                                          kq - ir if kq - ir < mr else mr, nr, scale, pc == 0)
                     pc += KC
                 ir += mr
-            panel_masks(panel, kq, nr, lanes, i0 + jp * nr, j0, bmask, amask, m_rs, m_cs,
-                        causal, causal_off)
-            panel_online_softmax(panel, kq, row_m + jp * nr, row_l + jp * nr, factor)
+            panel_masks(panel, n_keys, nr, lanes, q_first, j0 + ks, bmask, amask, m_rs, m_cs,
+                        lim)
+            panel_online_softmax(panel, n_keys, row_m + jp * nr, row_l + jp * nr, factor)
             if Ev <= 0:
                 continue
             rescale = False
@@ -333,29 +370,32 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
                     ot_col = ot + e * ld_o + jp * nr
                     for r in range(nr):
                         acc = 0
-                        for pc in range(kq):
+                        for pc in range(n_keys):
                             w = panel[pc * nr + r]
                             if w != 0:
                                 if floating is float:
-                                    acc = CYATTN_MULADD_F32(w, v[(j0 + pc) * v_rs + e * v_cs],
-                                                            acc)
+                                    acc = CYATTN_MULADD_F32(
+                                        w, v[(j0 + ks + pc) * v_rs + e * v_cs], acc)
                                 else:
-                                    acc = CYATTN_MULADD_F64(w, v[(j0 + pc) * v_rs + e * v_cs],
-                                                            acc)
+                                    acc = CYATTN_MULADD_F64(
+                                        w, v[(j0 + ks + pc) * v_rs + e * v_cs], acc)
                         ot_col[r] = ot_col[r] + acc
                 continue
-            # O^T += V^T (Ev x kq) @ P^T (kq x nr); a key past kq has weight 0 in every lane
+            # O^T += V^T (Ev x n_keys) @ P^T (n_keys x nr); a key past kq has weight 0 in
+            # every lane, and so has one before ks
             ir = 0
             while ir < Ev:
                 pc = 0
-                while pc < kq:
-                    kc = kq - pc if kq - pc < KC else KC
+                while pc < n_keys:
+                    kc = n_keys - pc if n_keys - pc < KC else KC
                     if floating is float:
-                        micro_kernel_f32(kc, vt_packed + ir * kb + pc * mr, panel + pc * nr,
+                        micro_kernel_f32(kc, vt_packed + ir * kb + (ks + pc) * mr,
+                                         panel + pc * nr,
                                          ot + ir * ld_o + jp * nr, ld_o, 1,
                                          Ev - ir if Ev - ir < mr else mr, nr, 1, False)
                     else:
-                        micro_kernel_f64(kc, vt_packed + ir * kb + pc * mr, panel + pc * nr,
+                        micro_kernel_f64(kc, vt_packed + ir * kb + (ks + pc) * mr,
+                                         panel + pc * nr,
                                          ot + ir * ld_o + jp * nr, ld_o, 1,
                                          Ev - ir if Ev - ir < mr else mr, nr, 1, False)
                     pc += KC
@@ -363,18 +403,19 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
         j0 += KB
     for r in range(rows):
         o_row = out + r * Ev
-        if row_l[r] == 0:                       # fully masked: output 0, lse -inf
+        sink_merge(lim, row_m[r], row_l[r], &f, &l2, &m2)
+        if l2 == 0:                             # fully masked: output 0, lse -inf
             for e in range(Ev):
                 o_row[e] = 0
             lse[r] = <floating>-CYATTN_INF
             continue
-        inv = <floating>1 / row_l[r]
+        inv = f / l2
         for e in range(Ev):
             o_row[e] = ot[e * ld_o + r] * inv
         if want_lse:
-            lse[r] = row_m[r] + <floating>log(row_l[r])
+            lse[r] = m2 + <floating>log(l2)
         else:
-            lse[r] = row_m[r] + row_l[r]
+            lse[r] = m2 + l2
 
 
 cdef int attention_worker(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
@@ -385,7 +426,7 @@ cdef int attention_worker(const floating* q, const int64_t* q_off, Py_ssize_t q_
                           Py_ssize_t m_rs, Py_ssize_t m_cs,
                           floating* out, floating* lse,
                           Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E,
-                          Py_ssize_t Ev, floating scale, bint causal, Py_ssize_t causal_off,
+                          Py_ssize_t Ev, floating scale, const AttnVariant* var,
                           Py_ssize_t qg, bint want_lse, Py_ssize_t first,
                           Py_ssize_t step) noexcept nogil:
     """Fused attention tasks first, first + step, ... with this worker's own scratch;
@@ -393,6 +434,7 @@ cdef int attention_worker(const floating* q, const int64_t* q_off, Py_ssize_t q_
     cdef Py_ssize_t groups = (L + qg - 1) // qg
     cdef Py_ssize_t ntasks = batch * groups
     cdef Py_ssize_t t, bi, i0, rows, mo
+    cdef RowLimits lim
     cdef Py_ssize_t nr = NR if floating is float else NRD
     cdef Py_ssize_t mr = MR if floating is float else MRD
     cdef Py_ssize_t qlanes = round_up(qg if qg < L else L, nr)
@@ -429,12 +471,13 @@ cdef int attention_worker(const floating* q, const int64_t* q_off, Py_ssize_t q_
         i0 = (t // batch) * qg
         rows = L - i0 if L - i0 < qg else qg
         mo = m_off[bi] if m_off != NULL else 0
+        row_limits(var, bi, L, S, &lim)
         fused_attention_task(q + q_off[bi], q_rs, q_cs, k + k_off[bi], k_rs, k_cs,
                              v + v_off[bi], v_rs, v_cs,
                              bmask + mo if bmask != NULL else NULL,
                              amask + mo if amask != NULL else NULL, m_rs, m_cs,
                              out + (bi * L + i0) * Ev, lse + bi * L + i0,
-                             i0, rows, S, E, Ev, scale, causal, causal_off,
+                             i0, rows, S, E, Ev, scale, &lim,
                              qt_packed, k_packed, vt_packed, tile, ot, ld_o,
                              row_m, row_m + qlanes, row_m + 2 * qlanes, want_lse)
         if redo_nonfinite_rows(q + q_off[bi], q_rs, q_cs, k + k_off[bi], k_rs, k_cs,
@@ -442,7 +485,7 @@ cdef int attention_worker(const floating* q, const int64_t* q_off, Py_ssize_t q_
                                bmask + mo if bmask != NULL else NULL,
                                amask + mo if amask != NULL else NULL, m_rs, m_cs,
                                out + (bi * L + i0) * Ev, lse + bi * L + i0,
-                               i0, rows, S, E, Ev, scale, causal, causal_off):
+                               i0, rows, S, E, Ev, scale, &lim):
             free(raw)
             return 1
         t += step
@@ -457,7 +500,7 @@ cdef void fused_attention(const floating* q, const int64_t* q_off, Py_ssize_t q_
                          Py_ssize_t m_rs, Py_ssize_t m_cs,
                          floating* out, floating* lse,
                          Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E, Py_ssize_t Ev,
-                         floating scale, bint causal, Py_ssize_t causal_off, Py_ssize_t qg,
+                         floating scale, const AttnVariant* var, Py_ssize_t qg,
                          bint want_lse, int n_threads, int* status) noexcept nogil:
     """Tasks (query group of qg rows, batch entry) in parallel, dealt out round-robin.
 
@@ -474,11 +517,11 @@ cdef void fused_attention(const floating* q, const int64_t* q_off, Py_ssize_t q_
     if n_threads <= 1:
         if attention_worker(q, q_off, q_rs, q_cs, k, k_off, k_rs, k_cs, v, v_off, v_rs, v_cs,
                             bmask, amask, m_off, m_rs, m_cs, out, lse, batch, L, S, E, Ev,
-                            scale, causal, causal_off, qg, want_lse, 0, 1):
+                            scale, var, qg, want_lse, 0, 1):
             status[0] = 1
         return
     for w in prange(n_threads, num_threads=n_threads, schedule='static', chunksize=1):
         if attention_worker(q, q_off, q_rs, q_cs, k, k_off, k_rs, k_cs, v, v_off, v_rs, v_cs,
                             bmask, amask, m_off, m_rs, m_cs, out, lse, batch, L, S, E, Ev,
-                            scale, causal, causal_off, qg, want_lse, w, n_threads):
+                            scale, var, qg, want_lse, w, n_threads):
             status[0] = 1

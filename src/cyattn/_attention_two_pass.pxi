@@ -35,7 +35,7 @@ cdef void two_pass_block(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
                          floating* out, floating* lse,
                          Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t S,
                          Py_ssize_t E, Py_ssize_t Ev, floating scale,
-                         bint causal, Py_ssize_t causal_off,
+                         const RowLimits* lim,
                          const floating* v, Py_ssize_t v_rs, Py_ssize_t v_cs, bint v_nonfinite,
                          floating* scores, Py_ssize_t ld_scores,
                          floating* q_packed, floating* p_packed) noexcept nogil:
@@ -47,15 +47,13 @@ cdef void two_pass_block(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
     as flash-attention does) so that a weighted sum of huge finite values cannot overflow and a
     weight that rounds to exactly 0 skips its value.
     """
-    cdef Py_ssize_t s_lim = S, lim, r, i, j, e
+    cdef Py_ssize_t s_lim, hi, lo, r, i, j, e
     cdef Py_ssize_t mr = MR if floating is float else MRD
     cdef floating* row
     cdef floating* o_row
-    cdef floating m, total, w
+    cdef floating m, total, w, f, l2, m2
     cdef const floating* v_row
-    if causal:
-        s_lim = i0 + rows + causal_off          # one past the last key any row here may see
-        s_lim = S if s_lim > S else (0 if s_lim < 0 else s_lim)
+    s_lim = row_hi(lim, i0 + rows - 1)          # one past the last key any row here may see
     if s_lim > 0:
         pack_a(rows, E, q + i0 * q_rs, q_rs, q_cs, q_packed, mr)
         gemm_packed(rows, s_lim, E, scale, q_packed, E, kt_packed, E,
@@ -63,28 +61,37 @@ cdef void two_pass_block(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
     for r in range(rows):
         i = i0 + r
         row = scores + r * ld_scores
-        lim = s_lim
-        if causal:
-            lim = i + causal_off + 1
-            lim = s_lim if lim > s_lim else (0 if lim < 0 else lim)
+        if i >= lim.lend:                       # past the query length: output 0, lse -inf
+            row_fill(row, s_lim, <floating>0)
+            lse[r] = <floating>-CYATTN_INF
+            continue
+        hi = row_hi(lim, i)
+        hi = s_lim if hi > s_lim else hi
+        lo = row_lo(lim, i)
+        lo = hi if lo > hi else lo
+        if lim.has_softcap or lim.has_slope:
+            row_transform(row + lo, hi - lo, i, lo, lim)
+        row_fill(row, lo, <floating>-CYATTN_INF)
         if bmask != NULL or amask != NULL:
-            row_mask_inplace(row, lim,
+            row_mask_inplace(row, hi,
                              bmask + i * m_rs if bmask != NULL else NULL, m_cs,
                              amask + i * m_rs if amask != NULL else NULL, m_cs)
-        m = row_max(row, lim)
-        if m == -CYATTN_INF and not row_has_nan(row, lim):
-            # fully masked: zero weights, zero output, lse -inf
-            row_fill(row, lim, <floating>0)
-            lse[r] = <floating>-CYATTN_INF
+        m = row_max(row, hi)
+        if m == -CYATTN_INF and not row_has_nan(row, hi):
+            # fully masked: zero weights, zero output, lse -inf (or the sink's)
+            row_fill(row, hi, <floating>0)
+            sink_merge(lim, m, 0, &f, &l2, &m2)
+            lse[r] = m2 + <floating>log(l2)
         elif m == -CYATTN_INF or m == CYATTN_INF:
             # NaN, or +inf (inf - inf): the row is NaN
-            row_fill(row, lim, <floating>CYATTN_NAN)
+            row_fill(row, hi, <floating>CYATTN_NAN)
             lse[r] = <floating>CYATTN_NAN
         else:
-            total = row_exp_sum(row, lim, m, True)
-            row_scale(row, lim, <floating>1 / total)
-            lse[r] = m + <floating>log(total)
-        for j in range(lim, s_lim):
+            total = row_exp_sum(row, hi, m, True)
+            sink_merge(lim, m, total, &f, &l2, &m2)
+            row_scale(row, hi, f / l2)
+            lse[r] = m2 + <floating>log(l2)
+        for j in range(hi, s_lim):
             row[j] = 0
     if s_lim == 0 or Ev == 0:
         for r in range(rows):
@@ -125,7 +132,7 @@ cdef int redo_nonfinite_rows(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs
                              floating* out, floating* lse,
                              Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t S,
                              Py_ssize_t E, Py_ssize_t Ev, floating scale,
-                             bint causal, Py_ssize_t causal_off) noexcept nogil:
+                             const RowLimits* lim) noexcept nogil:
     """Redo, by the two-pass path, each run of rows whose fused result is not finite.
 
     Only those rows: a row's result then does not depend on which rows share its task, so
@@ -140,22 +147,22 @@ cdef int redo_nonfinite_rows(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs
         while run_end < rows and row_nonfinite(out + run_end * Ev, lse[run_end], Ev):
             run_end += 1
         if two_pass_rows(q, q_rs, q_cs, k, k_rs, k_cs, v, v_rs, v_cs, bmask, amask,
-                                 m_rs, m_cs, out + r * Ev, lse + r, i0 + r, run_end - r,
-                                 S, E, Ev, scale, causal, causal_off):
+                         m_rs, m_cs, out + r * Ev, lse + r, i0 + r, run_end - r,
+                         S, E, Ev, scale, lim):
             return 1
         r = run_end
     return 0
 
 
 cdef int two_pass_rows(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
-                               const floating* k, Py_ssize_t k_rs, Py_ssize_t k_cs,
-                               const floating* v, Py_ssize_t v_rs, Py_ssize_t v_cs,
-                               const uint8_t* bmask, const floating* amask,
-                               Py_ssize_t m_rs, Py_ssize_t m_cs,
-                               floating* out, floating* lse,
-                               Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t S,
-                               Py_ssize_t E, Py_ssize_t Ev, floating scale,
-                               bint causal, Py_ssize_t causal_off) noexcept nogil:
+                       const floating* k, Py_ssize_t k_rs, Py_ssize_t k_cs,
+                       const floating* v, Py_ssize_t v_rs, Py_ssize_t v_cs,
+                       const uint8_t* bmask, const floating* amask,
+                       Py_ssize_t m_rs, Py_ssize_t m_cs,
+                       floating* out, floating* lse,
+                       Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t S,
+                       Py_ssize_t E, Py_ssize_t Ev, floating scale,
+                       const RowLimits* lim) noexcept nogil:
     """Rows i0 .. i0+rows by the two-pass path (scores of QB rows materialised, weights
     normalised before P V, zero-weight keys skipped when V is non-finite); 1 if out of memory.
 
@@ -196,7 +203,7 @@ cdef int two_pass_rows(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
         n = rows - done if rows - done < QB else QB
         two_pass_block(q, q_rs, q_cs, kt_packed, v_packed, bmask, amask, m_rs, m_cs,
                        out + done * Ev, lse + done, i0 + done, n, S, E, Ev, scale,
-                       causal, causal_off, v, v_rs, v_cs, v_nonfinite,
+                       lim, v, v_rs, v_cs, v_nonfinite,
                        scores, ld_scores, q_packed, p_packed)
         done += n
     free(raw)

@@ -33,6 +33,27 @@ def exp_values(x, out, bint nonpos=False):
         PyBuffer_Release(&xv)
 
 
+def tanh_values(x, out):
+    """out = tanh(x) with the kernels' tanh (1-D float32/float64 C-contiguous arrays; tests)."""
+    cdef Py_buffer xv, ov
+    cdef char* xp = _buf(x, &xv, False)
+    cdef char* op
+    cdef Py_ssize_t n = xv.len // xv.itemsize
+    cdef bint dbl = xv.itemsize == 8
+    try:
+        op = _buf(out, &ov, True)
+        try:
+            with nogil:
+                if dbl:
+                    tanh_array(<const double*>xp, <double*>op, n)
+                else:
+                    tanh_array(<const float*>xp, <float*>op, n)
+        finally:
+            PyBuffer_Release(&ov)
+    finally:
+        PyBuffer_Release(&xv)
+
+
 def softmax_rows(x, out, bmask, amask, Py_ssize_t b_rs, Py_ssize_t b_cs,
                  Py_ssize_t a_rs, Py_ssize_t a_cs, bint log_out, int n_threads):
     """Row softmax of C-contiguous 2-D x into C-contiguous out (same shape and dtype).
@@ -138,8 +159,8 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
                        const char* mp, int mask_kind, const int64_t* mo,
                        Py_ssize_t m_rs, Py_ssize_t m_cs,
                        char* op, char* lp, Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S,
-                       Py_ssize_t E, Py_ssize_t Ev, double scale, bint causal,
-                       Py_ssize_t causal_off, bint want_lse, int n_threads) noexcept nogil:
+                       Py_ssize_t E, Py_ssize_t Ev, double scale, const AttnVariant* var,
+                       bint want_lse, int n_threads) noexcept nogil:
     """Pick the attention path and run it; 0, or 1 if scratch could not be allocated.
     Without ``want_lse`` the fused path leaves lse holding values that are inf or NaN where
     the true lse would be, not the lse itself (see fused_attention_task).
@@ -151,7 +172,8 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
     cdef int status = 0
     # wide groups only for heads up to 128 + 128: their packed Q^T and O^T (qg x (E + Ev))
     # then stay within 1 MiB of L2, and scratch stays O(input) for wider heads
-    cdef Py_ssize_t qg = QG_DENSE if not causal and E + Ev <= 256 else QG
+    cdef Py_ssize_t qg = (QG_DENSE if not (var.causal or var.has_left or var.has_right)
+                          and E + Ev <= 256 else QG)
     cdef Py_ssize_t tasks = batch * ((L + qg - 1) // qg)
     cdef bint decode = (0 < L <= DECODE_MAX_L and batch * S * (E + Ev) >= L * DECODE_MIN_WORK
                         and q_cs == 1 and k_cs == 1 and v_cs == 1)
@@ -171,7 +193,7 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
                                   <const uint8_t*>mp if mask_kind == 1 else NULL,
                                   <const double*>mp if mask_kind == 2 else NULL,
                                   mo, m_rs, m_cs, <double*>op, <double*>lp,
-                                  batch, L, S, E, Ev, scale, causal, causal_off,
+                                  batch, L, S, E, Ev, scale, var,
                                   n_threads, &status)
         else:
             decode_attention(<const float*>qp, q_off, q_rs, <const float*>kp, k_off, k_rs,
@@ -179,7 +201,7 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
                                   <const uint8_t*>mp if mask_kind == 1 else NULL,
                                   <const float*>mp if mask_kind == 2 else NULL,
                                   mo, m_rs, m_cs, <float*>op, <float*>lp,
-                                  batch, L, S, E, Ev, <float>scale, causal, causal_off,
+                                  batch, L, S, E, Ev, <float>scale, var,
                                   n_threads, &status)
     elif dbl:
         fused_attention(<const double*>qp, q_off, q_rs, q_cs, <const double*>kp, k_off, k_rs, k_cs,
@@ -187,7 +209,7 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
                        <const uint8_t*>mp if mask_kind == 1 else NULL,
                        <const double*>mp if mask_kind == 2 else NULL,
                        mo, m_rs, m_cs, <double*>op, <double*>lp,
-                       batch, L, S, E, Ev, scale, causal, causal_off, qg, want_lse, n_threads,
+                       batch, L, S, E, Ev, scale, var, qg, want_lse, n_threads,
                        &status)
     else:
         fused_attention(<const float*>qp, q_off, q_rs, q_cs, <const float*>kp, k_off, k_rs, k_cs,
@@ -195,7 +217,7 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
                        <const uint8_t*>mp if mask_kind == 1 else NULL,
                        <const float*>mp if mask_kind == 2 else NULL,
                        mo, m_rs, m_cs, <float*>op, <float*>lp,
-                       batch, L, S, E, Ev, <float>scale, causal, causal_off, qg, want_lse,
+                       batch, L, S, E, Ev, <float>scale, var, qg, want_lse,
                        n_threads, &status)
     return status
 
@@ -316,18 +338,36 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
               v, const int64_t[::1] v_off, Py_ssize_t v_rs, Py_ssize_t v_cs,
               mask, int mask_kind, const int64_t[::1] m_off, Py_ssize_t m_rs, Py_ssize_t m_cs,
               out, lse, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E, Py_ssize_t Ev,
-              double scale, bint causal, Py_ssize_t causal_off, bint want_lse, int n_threads):
+              double scale, bint causal, bint bottom_right, bint want_lse, int n_threads,
+              Py_ssize_t window_left=-1, Py_ssize_t window_right=-1, double softcap=0.0,
+              const int64_t[::1] key_len=None, const int64_t[::1] query_len=None,
+              const double[::1] slopes=None, const double[::1] sinks=None):
     """Scaled dot-product attention for `batch = len(q_off)` independent (L, S) problems.
 
     q, k, v, mask are addressed by element offsets per batch entry and element strides.
     out: C-contiguous (batch, L, Ev); lse: C-contiguous (batch, L); both of the data dtype.
     Without ``want_lse`` lse is scratch and its contents are not the lse.
     mask_kind: 0 none, 1 bool (uint8, True = keep), 2 additive (data dtype).
+    Variants (_attention_variants.pxi): window sides (-1 = unbounded, else 0 .. S + L),
+    softcap (0 = none), and per batch entry (length ``batch`` each, or None): key and query
+    lengths, ALiBi slopes and sink logits (values already rounded to the data dtype).
     """
     cdef Py_buffer qv, kv, vv, mv, ov, lv
     cdef char* mp = NULL
     cdef const int64_t* mo = NULL
     cdef int status = 0
+    cdef AttnVariant var
+    var.causal = causal
+    var.bottom_right = bottom_right
+    var.has_left = window_left >= 0
+    var.has_right = window_right >= 0
+    var.left = window_left if window_left >= 0 else 0
+    var.right = window_right if window_right >= 0 else 0
+    var.softcap = softcap if softcap > 0 else 0.0
+    var.key_len = &key_len[0] if key_len is not None and key_len.shape[0] > 0 else NULL
+    var.query_len = &query_len[0] if query_len is not None and query_len.shape[0] > 0 else NULL
+    var.slopes = &slopes[0] if slopes is not None and slopes.shape[0] > 0 else NULL
+    var.sinks = &sinks[0] if sinks is not None and sinks.shape[0] > 0 else NULL
     cdef char* qp = _buf(q, &qv, False)
     try:
         kp = _buf(k, &kv, False)
@@ -347,8 +387,7 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
                                     qv.itemsize == 8, qp, &q_off[0], q_rs, q_cs,
                                     kp, &k_off[0], k_rs, k_cs, vp, &v_off[0], v_rs, v_cs,
                                     mp, mask_kind, mo, m_rs, m_cs, op, lp, q_off.shape[0],
-                                    L, S, E, Ev, scale, causal, causal_off, want_lse,
-                                    n_threads)
+                                    L, S, E, Ev, scale, &var, want_lse, n_threads)
                         finally:
                             PyBuffer_Release(&lv)
                     finally:
@@ -545,6 +584,10 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
     cdef double scale_value
     cdef int64_t* offs = NULL
     cdef object res = None, lse = None
+    cdef AttnVariant var
+    memset(&var, 0, sizeof(var))
+    var.causal = causal
+    var.bottom_right = bottom_right
     try:
         if not _get_rows(q, &qv):
             return None
@@ -682,7 +725,7 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
                 <const char*>vv.buf, offs + 2 * batch, v_rs, 1,
                 <const char*>mv.buf if mask_kind else NULL, mask_kind, offs + 3 * batch,
                 m_rs, m_cs, <char*>rv.buf, <char*>lv.buf, batch, L, S, E, Ev, scale_value,
-                causal, (S - L) if bottom_right else 0, want_lse, n_threads)
+                &var, want_lse, n_threads)
             if status == 0 and o_strided:
                 _rows_to_strided(<const char*>rv.buf, &ov, offs + 4 * batch, batch)
         if o_strided:

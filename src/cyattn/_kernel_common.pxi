@@ -19,6 +19,7 @@ from libc.math cimport log, isnan, sqrt
 from libc.stdint cimport int32_t, uint32_t, int64_t, uint64_t, uint8_t, uintptr_t
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_RECORDS_RO, PyBUF_RECORDS,
                              PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE)
+cimport cython
 from cython cimport floating
 from cython.parallel cimport prange, parallel
 
