@@ -943,3 +943,70 @@ def test_onnx_against_compiled(variant, name, opset, inputs, attrs):
         out = cyattn.scaled_dot_product_attention(q.astype(dtype), k.astype(dtype),
                                                   v.astype(dtype), m, **kw)
         assert_close(back(out), y, dtype, q.shape[-1] + k.shape[-2], err_msg=str(kw))
+
+
+# ------------------------------------------------------------------------------------------
+# JAX jax.nn.dot_product_attention (the JAX column of README's table)
+# ------------------------------------------------------------------------------------------
+
+def jax_cases():
+    """Random calls with windows, lengths, GQA and causal. Every row keeps at least its own
+    key (lengths >= L, diagonal in the mask): JAX fills masked logits with a large finite
+    negative number, so its fully masked rows are not 0 (cyattn's are)."""
+    rng = np.random.default_rng(77)
+    B, T, S, N, K, H = 2, 5, 9, 4, 2, 4
+    cases = []
+    for i, (window, causal, lengths) in enumerate([
+            ((2, 1), False, False), ((3, 0), True, False), (1, False, True),
+            ((0, 2), True, True), (None, True, True), ((4, 4), False, True)]):
+        q = grid_values(rng, (B, T, N, H)).astype(np.float32)
+        k = grid_values(rng, (B, S, K, H)).astype(np.float32)
+        v = grid_values(rng, (B, S, K, H)).astype(np.float32)
+        mask = rng.random((B, 1, T, S)) < 0.7
+        mask[..., np.arange(T), np.arange(T)] = True
+        jax_kw = {"is_causal": causal, "local_window_size": window, "mask": mask}
+        if lengths:
+            jax_kw["query_seq_lengths"] = rng.integers(1, T + 1, size=B).astype(np.int32)
+            jax_kw["key_value_seq_lengths"] = rng.integers(T, S + 1, size=B).astype(np.int32)
+        cases.append(pytest.param(q, k, v, jax_kw, id=f"jax-{i}"))
+    return cases
+
+
+def jax_to_cyattn(q, k, v, jax_kw):
+    """jax.nn.dot_product_attention's arguments as cyattn's: (B, T, N, H) -> (B, N, T, H);
+    local_window_size (an int w means (w, w)) -> window; *_seq_lengths (B,) -> (B, 1);
+    is_causal and the window are top-left aligned."""
+    swap = lambda x: np.swapaxes(x, 1, 2)  # noqa: E731
+    kw = {"is_causal": jax_kw["is_causal"], "causal_alignment": "top_left",
+          "enable_gqa": q.shape[2] != k.shape[2]}
+    window = jax_kw.get("local_window_size")
+    if window is not None:
+        kw["window"] = (window, window) if isinstance(window, int) else tuple(window)
+    if jax_kw.get("query_seq_lengths") is not None:
+        kw["query_lengths"] = jax_kw["query_seq_lengths"].astype(np.int64)[:, None]
+    if jax_kw.get("key_value_seq_lengths") is not None:
+        kw["key_lengths"] = jax_kw["key_value_seq_lengths"].astype(np.int64)[:, None]
+    return swap(q), swap(k), swap(v), jax_kw.get("mask"), kw, swap
+
+
+def run_jax(q, k, v, jax_kw):
+    jax = pytest.importorskip("jax")
+    return np.asarray(jax.nn.dot_product_attention(q, k, v, implementation="xla", **jax_kw))
+
+
+@pytest.mark.parametrize("q, k, v, jax_kw", jax_cases())
+def test_jax_mapping_against_references(q, k, v, jax_kw):
+    y = run_jax(q, k, v, jax_kw)
+    cq, ck, cv, mask, kw, back = jax_to_cyattn(q, k, v, jax_kw)
+    k_sum = q.shape[-1] + k.shape[1]
+    assert_close(y, back(numpy_variants(cq, ck, cv, mask, **kw)[0]), np.float32, k_sum)
+    assert_close(y, back(oracle_variants(cq, ck, cv, mask, **kw)[0]), np.float32, k_sum)
+
+
+@needs_variants
+@pytest.mark.parametrize("q, k, v, jax_kw", jax_cases())
+def test_jax_against_compiled(variant, q, k, v, jax_kw):
+    y = run_jax(q, k, v, jax_kw)
+    cq, ck, cv, mask, kw, back = jax_to_cyattn(q, k, v, jax_kw)
+    out = cyattn.scaled_dot_product_attention(cq, ck, cv, mask, **kw)
+    assert_close(back(out), y, np.float32, q.shape[-1] + k.shape[1])
