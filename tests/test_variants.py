@@ -895,3 +895,64 @@ def test_jax_against_compiled(variant, q, k, v, jax_kw):
     cq, ck, cv, mask, kw, back = jax_to_cyattn(q, k, v, jax_kw)
     out = cyattn.scaled_dot_product_attention(cq, ck, cv, mask, **kw)
     assert_close(back(out), y, np.float32, q.shape[-1] + k.shape[1])
+
+
+# ------------------------------------------------------------------------------------------
+# Hugging Face transformers: gpt-oss sinks and Gemma 2 softcap, each with sliding_window=W
+# ------------------------------------------------------------------------------------------
+
+def _hf_inputs(seed=5, B=2, Hq=4, Hkv=2, L=7, E=4):
+    rng = np.random.default_rng(seed)
+    q = grid_values(rng, (B, Hq, L, E))
+    k = grid_values(rng, (B, Hkv, L, E))
+    v = grid_values(rng, (B, Hkv, L, E))
+    return q, k, v
+
+
+def _hf_sliding_mask(L, W):
+    """transformers' sliding-window causal rule (masking_utils: kv_idx > q_idx - W and
+    kv_idx <= q_idx) as the additive mask its eager attention takes."""
+    i, j = np.arange(L)[:, None], np.arange(L)[None, :]
+    return np.where((j <= i) & (j > i - W), 0.0, -np.inf)[None, None]
+
+
+def _hf_attention(model, q, k, v, W, **extra):
+    torch = pytest.importorskip("torch")
+    mod = pytest.importorskip(f"transformers.models.{model}.modeling_{model}")
+    import types
+    module = types.SimpleNamespace(num_key_value_groups=q.shape[1] // k.shape[1],
+                                   training=False, head_dim=q.shape[-1])
+    kwargs = {}
+    if "sinks" in extra:
+        module.sinks = torch.tensor(extra["sinks"])
+    if "softcap" in extra:
+        kwargs["softcap"] = extra["softcap"]
+    t = [torch.tensor(x) for x in (q, k, v)]
+    out, _ = mod.eager_attention_forward(module, *t, torch.tensor(_hf_sliding_mask(q.shape[2], W)),
+                                         scaling=q.shape[-1] ** -0.5, **kwargs)
+    return np.swapaxes(out.numpy(), 1, 2)  # transformers returns (B, L, H, E)
+
+
+HF_CASES = [("gpt_oss", {"sinks": np.array([0.5, -1.0, 2.0, -3.0])}, np.float64),
+            ("gemma2", {"softcap": 1.5}, np.float32)]  # Gemma 2 takes its softmax in float32
+
+
+@pytest.mark.parametrize("model, extra, dtype", HF_CASES, ids=[c[0] for c in HF_CASES])
+@pytest.mark.parametrize("W", [1, 3, 20])
+def test_hf_mapping_against_references(model, extra, dtype, W):
+    q, k, v = _hf_inputs()
+    y = _hf_attention(model, q, k, v, W, **extra)
+    kw = {"is_causal": True, "window": (W - 1, 0), "enable_gqa": True, **extra}
+    assert_close(y, numpy_variants(q, k, v, **kw)[0], dtype, q.shape[-1] + k.shape[-2] + 1)
+    assert_close(y, oracle_variants(q, k, v, **kw)[0], dtype, q.shape[-1] + k.shape[-2] + 1)
+
+
+@needs_variants
+@pytest.mark.parametrize("model, extra, dtype", HF_CASES, ids=[c[0] for c in HF_CASES])
+@pytest.mark.parametrize("W", [1, 3, 20])
+def test_hf_against_compiled(variant, model, extra, dtype, W):
+    q, k, v = _hf_inputs()
+    y = _hf_attention(model, q, k, v, W, **extra)
+    out = cyattn.scaled_dot_product_attention(q, k, v, is_causal=True, window=(W - 1, 0),
+                                              enable_gqa=True, **extra)
+    assert_close(out, y, dtype, q.shape[-1] + k.shape[-2] + 1)
