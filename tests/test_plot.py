@@ -53,6 +53,15 @@ def cell_pixels(ax, img, L, S):
     return out
 
 
+def marked_rows(ax):
+    """Rows of the red marks that the heatmap puts on the y-axis for fully masked rows."""
+    lines = [ln for ln in ax.lines if ln.get_gid() == "fully_masked_rows"]
+    if not lines:
+        return []
+    assert len(lines) == 1 and to_rgba(lines[0].get_color()) == to_rgba("tab:red")
+    return [int(r) for r in lines[0].get_ydata()]
+
+
 def cmap_rgb255(cmap, norm, values):
     rgba = np.asarray(matplotlib.colormaps[cmap](norm(np.asarray(values, dtype=float))))
     return np.round(rgba[..., :3] * 255).astype(int)
@@ -121,6 +130,7 @@ def test_heatmap_labels_colorbar_and_fully_masked_rows(tmp_path):
     assert [t.get_text() for t in ylabels] == [f"{EMPTY} is" if t == "is" else t
                                                for t in tokens_q]
     assert to_rgba(ylabels[3].get_color()) == to_rgba("tab:red")
+    assert marked_rows(ax) == [3]
     assert to_rgba(ylabels[0].get_color()) != to_rgba("tab:red")
     assert ax.get_title() == "layer 0"
     assert len(fig.axes) == 2 and fig.axes[1].get_ylabel() == "weight"
@@ -135,10 +145,12 @@ def test_heatmap_many_labels_thinned_but_masked_rows_kept(tmp_path):
     labels = [f"tok{i}" for i in range(L)]
     ax = cplot.attention_heatmap(w, mask=mask, query_labels=labels, key_labels=labels)
     render(ax.figure, tmp_path)
-    xt = [t.get_text() for t in ax.get_xticklabels()]
-    assert len(xt) <= 40 and xt[:2] == ["tok0", "tok3"]
+    xt = [int(t.get_text()[3:]) for t in ax.get_xticklabels()]
+    assert 10 <= len(xt) <= 40 and xt[0] == 0
+    assert len(set(np.diff(xt))) == 1 and xt[1] > 1            # every k-th key, k > 1
     yt = [t.get_text() for t in ax.get_yticklabels()]
-    assert f"{EMPTY} tok37" in yt and len(yt) <= 41
+    assert f"{EMPTY} tok37" in yt and len(yt) <= 40
+    assert marked_rows(ax) == [37]
 
 
 def test_heatmap_into_given_axes_no_colorbar():
@@ -209,6 +221,7 @@ def test_mask_pattern_pixels(tmp_path, L, S, align, window, causal):
     assert (px[~visible] == rgb255("lightgrey")).all()
     marked = [t.get_text().startswith(EMPTY) for t in ax.get_yticklabels()]
     assert marked == list(~visible.any(axis=1))
+    assert marked_rows(ax) == list(np.flatnonzero(~visible.any(axis=1)))
 
 
 def test_mask_pattern_float_mask_and_title():

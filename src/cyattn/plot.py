@@ -34,6 +34,7 @@ _ALIGNMENTS = ("top_left", "bottom_right")
 _MAX_TICKS = 40              # labels per axis before they are thinned to every k-th
 _EMPTY_ROW = "\u2205"        # the empty-set sign marks a fully masked row's tick label
 _EMPTY_ROW_COLOR = "tab:red"
+_LABEL_PITCH = 0.17          # inches along an axis per tick label (10 pt text and a gap)
 
 
 # --------------------------------------------------------------------------------------------
@@ -136,11 +137,33 @@ def _keep(shape, attn_mask, is_causal, causal_alignment, window, fname, name="ma
 # drawing
 # --------------------------------------------------------------------------------------------
 
-def _ticks(n, labels, forced=()):
-    """Tick positions (every k-th when there are more than _MAX_TICKS, plus ``forced``) and
-    their texts."""
-    step = max(1, math.ceil(n / _MAX_TICKS))
-    pos = sorted(set(range(0, n, step)) | set(int(i) for i in forced))
+def _axis_inches(ax, axis):
+    """Length in inches of the ``axis`` ("x" or "y") side of ``ax``."""
+    box = ax.get_position()
+    width, height = ax.figure.get_size_inches()
+    return box.width * width if axis == "x" else box.height * height
+
+
+def _tick_budget(ax, axis, pitch=_LABEL_PITCH):
+    """How many tick labels ``pitch`` inches apart fit along ``axis`` of ``ax`` (2 to 40)."""
+    return max(2, min(_MAX_TICKS, int(_axis_inches(ax, axis) / pitch)))
+
+
+def _ticks(n, labels, budget, forced=()):
+    """Tick positions and texts: every position when ``n <= budget``, else every k-th (for
+    index labels a round k: 2, 5, 10, 20, ...); the ``forced`` rows are shown too (those
+    less than k apart thinned the same way), in place of the grid ticks next to them."""
+    step = 1
+    if n > budget:
+        step = math.ceil(n / budget)
+        if labels is None:
+            step = min(b * 10 ** e for e in range(19) for b in (1, 2, 5) if b * 10 ** e >= step)
+    kept = []                   # forced rows at least a step apart, replacing grid ticks
+    for r in sorted(int(i) for i in forced):
+        if not kept or r - kept[-1] >= step:
+            kept.append(r)
+    pos = sorted({p for p in range(0, n, step) if all(abs(p - r) >= step for r in kept)}
+                 | set(kept))
     texts = [labels[i] if labels is not None else str(i) for i in pos]
     return pos, texts
 
@@ -159,17 +182,25 @@ def _draw(ax, w, keep, norm, cmap, masked_color, nan_color, query_labels, key_la
     # with S = 0 every row is (all() of an empty row is True)
     empty = ~keep.any(axis=1) | (np.nan_to_num(w, nan=1.0) == 0).all(axis=1)
     empty_rows = set(np.flatnonzero(empty).tolist())
-    ypos, ytexts = _ticks(L, query_labels, empty_rows)
+    if empty_rows:      # red marks on the y-axis, whether or not the row's label is shown
+        rows = sorted(empty_rows)
+        ax.plot(np.full(len(rows), -0.5), rows, linestyle="none", marker=">",
+                markersize=max(3.0, min(8.0, 72 * _axis_inches(ax, "y") / L)),
+                color=_EMPTY_ROW_COLOR, clip_on=False, zorder=3, gid="fully_masked_rows")
+    ypos, ytexts = _ticks(L, query_labels, _tick_budget(ax, "y"), empty_rows)
     ax.set_yticks(ypos)
     ax.set_yticklabels([f"{_EMPTY_ROW} {t}" if p in empty_rows else t
                         for p, t in zip(ypos, ytexts)])
     for p, tick in zip(ypos, ax.get_yticklabels()):
         if p in empty_rows:
             tick.set_color(_EMPTY_ROW_COLOR)
-    xpos, xtexts = _ticks(S, key_labels)
+    # token labels stand rotated; index labels stay level, as far apart as they are wide
+    rotate = key_labels is not None and (S > 12 or max(map(len, key_labels), default=0) > 3)
+    level_pitch = 0.12 + 0.09 * len(str(max(S - 1, 0)))
+    xpos, xtexts = _ticks(S, key_labels,
+                          _tick_budget(ax, "x", _LABEL_PITCH if rotate else level_pitch))
     ax.set_xticks(xpos)
-    long_labels = key_labels is not None and max((len(t) for t in xtexts), default=0) > 3
-    ax.set_xticklabels(xtexts, rotation=90 if (long_labels or len(xpos) > 12) else 0)
+    ax.set_xticklabels(xtexts, rotation=90 if rotate else 0)
     small = max(L, S) <= 24
     if small:       # cell borders, so that single masked cells stand out
         ax.set_xticks(np.arange(-0.5, S, 1.0), minor=True)
