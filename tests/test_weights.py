@@ -9,7 +9,11 @@ import re
 
 import numpy as np
 import pytest
-from conftest import assert_close, call_checked, grid_values, layout_variants, oracle_sdpa
+from conftest import (LAYOUTS, assert_close, call_checked, grid_values, layout_variants,
+                      oracle_sdpa, with_layout)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import cyattn
 
@@ -93,6 +97,58 @@ def test_mixed_dtypes_promote(variant):
     got = aw(q, k)
     assert got.dtype == np.float64
     assert_close(got, oracle_weights(q, k), np.float64, k=10)
+
+
+@st.composite
+def weights_problems(draw):
+    """(query, key, mask, kwargs): broadcast batch dims, GQA, masks broadcast from any
+    shape, any layouts and dtypes, causal in both alignments."""
+    dtype = draw(st.sampled_from([np.float16, np.float32, np.float64]))
+    L, S, E = (draw(st.integers(0, 9)) for _ in range(3))
+    gqa = draw(st.booleans())
+    if gqa:
+        hk = draw(st.integers(1, 3))
+        hq = hk * draw(st.integers(1, 3))
+        qb, kb = (draw(st.sampled_from([(), (2,)])) + (hq,),
+                  draw(st.sampled_from([(), (1,), (2,)])) + (hk,))
+    else:
+        qb = tuple(draw(st.lists(st.integers(1, 3), max_size=2)))
+        kb = tuple(draw(st.sampled_from([d, 1])) for d in qb)[draw(st.integers(0, len(qb))):]
+    batch = np.broadcast_shapes(qb[:-1], kb[:-1]) + qb[-1:] if gqa else \
+        np.broadcast_shapes(qb, kb)
+    elements = st.floats(-4, 4, width=np.dtype(dtype).itemsize * 8)
+    q = draw(hnp.arrays(dtype, qb + (L, E), elements=elements))
+    k = draw(hnp.arrays(dtype, kb + (S, E), elements=elements))
+    q = with_layout(q, draw(st.sampled_from(LAYOUTS)))
+    k = with_layout(k, draw(st.sampled_from(LAYOUTS)))
+    target = batch + (L, S)
+    kind = draw(st.sampled_from(["none", "bool", "float"]))
+    mask = None
+    if kind != "none":
+        dims = [draw(st.sampled_from([d, 1])) for d in target]
+        shape = tuple(dims[draw(st.integers(0, len(dims) - 1)):])
+        if kind == "bool":
+            mask = draw(hnp.arrays(np.bool_, shape))
+        else:
+            mask = draw(hnp.arrays(np.float64, shape, elements=st.one_of(
+                st.floats(-4, 4), st.just(-np.inf))))
+    kwargs = {"is_causal": draw(st.booleans()),
+              "causal_alignment": draw(st.sampled_from(ALIGNMENTS)), "enable_gqa": gqa}
+    if draw(st.booleans()):
+        kwargs["scale"] = draw(st.floats(0, 2))
+    return q, k, mask, kwargs
+
+
+@settings(deadline=None, max_examples=80, derandomize=True, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(weights_problems())
+def test_property_matches_oracle(problem):
+    q, k, mask, kwargs = problem
+    got = call_checked(aw, q, k, mask, **kwargs)
+    ref = oracle_weights(q, np.broadcast_to(k, k.shape), mask, kwargs["is_causal"],
+                         kwargs.get("scale"), kwargs["causal_alignment"], kwargs["enable_gqa"])
+    assert got.dtype == np.result_type(q, k)
+    assert_close(got, ref, got.dtype, k=q.shape[-1] + k.shape[-2])
 
 
 # ------------------------------------------------------------------------------------------

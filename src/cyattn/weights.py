@@ -187,7 +187,11 @@ def _mask_scores(scores, *, keep, bias, is_causal, causal_offset):
     Additive terms first (``bias``: the float mask), then each "take part" rule (``keep``:
     the bool mask; ``is_causal``: key ``j`` visible to query ``i`` iff ``j <= i +
     causal_offset``) writes ``-inf`` where it removes a key, so the softmax gives it exactly
-    0 and never reads the score that was there."""
+    0 and never reads the score that was there.
+
+    Where SDPA's variants (DESIGN 3.7c) fit: a softcap transforms the scores before the bias;
+    ALiBi is one more additive term; a window and per-sequence lengths are more "take part"
+    rules; sinks change the softmax's denominator (the step after this one)."""
     L, S = scores.shape[-2:]
     if bias is not None:
         scores += bias
