@@ -341,3 +341,14 @@ def test_minilm_example(tmp_path, monkeypatch, capsys):
     out = tmp_path / "heads.png"
     assert plot_minilm.main(["--out", str(out), "--dpi", "40"]) == 0
     assert out.exists() and "largest weight on a padding key: 0.0" in capsys.readouterr().out
+
+
+def test_empty_sides_render_without_warnings(tmp_path, recwarn):
+    ax = cplot.attention_heatmap(np.zeros((3, 0)))
+    render(ax.figure, tmp_path, "s0.png")
+    assert marked_rows(ax) == [0, 1, 2]                        # S = 0: every row fully masked
+    ax = cplot.attention_heatmap(np.zeros((0, 3)))
+    render(ax.figure, tmp_path, "l0.png")
+    assert marked_rows(ax) == []
+    render(cplot.mask_pattern(0, 0).figure, tmp_path, "00.png")
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)]

@@ -218,8 +218,8 @@ def _draw(ax, w, keep, norm, cmap, masked_color, nan_color, query_labels, key_la
     ax.set_ylabel("query")
     if title is not None:
         ax.set_title(title)
-    ax.set_xlim(-0.5, S - 0.5)
-    ax.set_ylim(L - 0.5, -0.5)
+    ax.set_xlim(-0.5, max(S, 1) - 0.5)       # an empty side still gets one (blank) cell
+    ax.set_ylim(max(L, 1) - 0.5, -0.5)
     return empty_rows
 
 
