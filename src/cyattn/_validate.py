@@ -346,3 +346,41 @@ def per_batch_entry(value, name, batch, fname, *, integer, compute_dtype=None):
     with np.errstate(over="ignore"):
         arr = arr.astype(compute_dtype)
     return np.ascontiguousarray(arr, dtype=np.float64)
+
+
+def attention_batch_shape(fname, enable_gqa, query, **others):
+    """(batch shape, GQA head group) of ``query`` and the arrays in ``others`` (``key``, and
+    ``value`` for attention; keyword names are used in the messages): their batch dims
+    broadcast like ``np.matmul``; with ``enable_gqa`` the head dims (axis -3) of the others
+    must be equal and divide the query's, and query head ``h`` uses their head
+    ``h // group``."""
+    names = ["query", *others]
+    arrays = [query, *others.values()]
+    shapes = [a.shape[:-2] for a in arrays]
+    listed = ", ".join(names[:-1]) + f" and {names[-1]}"
+    if not enable_gqa:
+        batch = broadcast_shapes(shapes, f"the batch dimensions of {listed}", fname)
+        if batch is None:
+            got = ", ".join(f"{n} {s}" for n, s in zip(names[:-1], shapes[:-1]))
+            raise ValueError(f"{fname}: batch dimensions of {got} and {names[-1]} {shapes[-1]} "
+                             f"do not broadcast together")
+        return batch, 1
+    if min(len(s) for s in shapes) < 1:
+        got = ", ".join(str(a.shape) for a in arrays)
+        raise ValueError(f"{fname}: enable_gqa needs a head dimension (axis -3) on {listed}; "
+                         f"got shapes {got}")
+    heads = [s[-1] for s in shapes]
+    hq, kv_heads = heads[0], heads[1:]
+    if len(set(kv_heads)) != 1 or kv_heads[0] == 0 or hq % kv_heads[0]:
+        kv_names = " and ".join(names[1:])
+        need = ("must have the same number of heads dividing the query's" if len(kv_heads) > 1
+                else "must have a number of heads dividing the query's")
+        got = ", ".join(f"{n} {h}" for n, h in zip(names, heads))
+        raise ValueError(f"{fname}: with enable_gqa, {kv_names} {need}; got {got} heads")
+    outer = broadcast_shapes([s[:-1] for s in shapes], f"the batch dimensions of {listed}",
+                             fname)
+    if outer is None:
+        got = ", ".join(f"{n} {s[:-1]}" for n, s in zip(names[:-1], shapes[:-1]))
+        raise ValueError(f"{fname}: batch dimensions of {got} and {names[-1]} "
+                         f"{shapes[-1][:-1]} do not broadcast together")
+    return outer + (hq,), hq // kv_heads[0]

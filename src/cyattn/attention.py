@@ -229,7 +229,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     if Sv != S:
         raise ValueError(f"{f}: key has S={S} rows (shape {key.shape}) but value has {Sv} "
                          f"(shape {value.shape}); expected equal")
-    batch, group = _batch_shape(query, key, value, enable_gqa)
+    batch, group = V.attention_batch_shape(f, enable_gqa, query, key=key, value=value)
     compute, result = V.float_dtypes(query, key, value)
     if scale is None:
         scale = 1.0 / math.sqrt(E) if E > 0 else 1.0
@@ -293,29 +293,3 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     if return_lse:
         return res, V.to_result(lse, result)
     return res
-
-
-def _batch_shape(query, key, value, enable_gqa):
-    """Broadcast batch shape of the three inputs and the GQA head group size."""
-    qb, kb, vb = query.shape[:-2], key.shape[:-2], value.shape[:-2]
-    if not enable_gqa:
-        batch = V.broadcast_shapes((qb, kb, vb), "the batch dimensions of query, key and value",
-                                   _FNAME)
-        if batch is None:
-            raise ValueError(f"{_FNAME}: batch dimensions of query {qb}, key {kb} and value "
-                             f"{vb} do not broadcast together")
-        return batch, 1
-    if min(len(qb), len(kb), len(vb)) < 1:
-        raise ValueError(f"{_FNAME}: enable_gqa needs a head dimension (axis -3) on query, key "
-                         f"and value; got shapes {query.shape}, {key.shape}, {value.shape}")
-    hq, hk, hv = qb[-1], kb[-1], vb[-1]
-    if hk != hv or hk == 0 or hq % hk:
-        raise ValueError(f"{_FNAME}: with enable_gqa, key and value must have the same number "
-                         f"of heads dividing the query's; got query {hq}, key {hk}, value {hv} "
-                         f"heads")
-    outer = V.broadcast_shapes((qb[:-1], kb[:-1], vb[:-1]),
-                               "the batch dimensions of query, key and value", _FNAME)
-    if outer is None:
-        raise ValueError(f"{_FNAME}: batch dimensions of query {qb[:-1]}, key {kb[:-1]} and "
-                         f"value {vb[:-1]} do not broadcast together")
-    return outer + (hq,), hq // hk
