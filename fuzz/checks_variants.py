@@ -4,9 +4,9 @@ GQA, broadcasting, masks, causal alignment, memory layouts, ``out=`` and ``n_thr
 
 Hooked into ``api_checks.build_case``: an input whose LAST byte is :data:`TAG` (not consumed;
 the decoder reads the input from the front as usual) and that selects
-``scaled_dot_product_attention`` decodes here instead of ``api_checks.build_sdpa``, once cyattn
-has the variant arguments (:data:`HAS_VARIANTS`). Selecting by the last byte leaves every other
-input's meaning, and so the seed corpus, unchanged.
+``scaled_dot_product_attention`` decodes here instead of ``checks_attention.build_sdpa``, once
+cyattn has the variant arguments (:data:`HAS_VARIANTS`). Selecting by the last byte leaves
+every other input's meaning, and so the seed corpus, unchanged.
 
 The checks are ``api_checks.check_one``'s (documented errors only, naming the argument; buffers
 untouched on failure; shapes, dtypes, no warnings); the values are compared with
@@ -39,7 +39,7 @@ def _per_batch_array(r, A, case, values, dtype):
 
 
 def build(r, case, A):
-    """Decode one variants call into ``case`` (``A``: the api_checks module)."""
+    """Decode one variants call into ``case`` (``A``: the checks_common module)."""
     CT = A.CT
     case.notes.append("attention variants")
     dts = [A.pick_float(r)] * 3

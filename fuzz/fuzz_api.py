@@ -6,8 +6,8 @@ matmul_accumulate, scaled_dot_product_attention or multi_head_attention (dtype, 
 layout, masks, flags, out=, n_threads, NaN/inf values, deliberate faults) and the result is
 checked against cyattn's contract and the oracle; a contract violation raises FuzzFailure,
 which atheris reports as a crash and saves as ``crash-<sha1>``. The decoding and checking live
-in ``api_checks.py`` (no atheris needed), so ``tests/test_fuzz_corpus.py`` replays the corpus
-with plain pytest.
+in ``api_checks.py`` and the ``checks_*.py`` modules it combines (no atheris needed), so
+``tests/test_fuzz_corpus.py`` replays the corpus with plain pytest.
 
 Usage (libFuzzer flags pass through; see tools/fuzz_check.sh for a bounded run):
 
@@ -38,7 +38,10 @@ def main():
 
     # cyattn.oracle is the reference, not the code under test: instrumenting its pure-Python
     # loops would cost most of the time of an execution
-    with atheris.instrument_imports(include=["cyattn", "api_checks"],
+    with atheris.instrument_imports(include=["cyattn", "api_checks", "checks_common",
+                                             "checks_softmax", "checks_attention",
+                                             "checks_matmul", "checks_mha",
+                                             "checks_variants"],
                                     exclude=["cyattn.oracle"]):
         import api_checks
     _check_one = api_checks.check_one

@@ -8,16 +8,24 @@
 * ``oracle_*``: the pure-Python oracle applied to broadcast NumPy inputs (the oracle itself
   does not broadcast), and NumPy float64 references for sizes too big for the oracle
   (``*_sdpa_variants``: with issue 24's window, softcap, sinks, ALiBi and lengths).
-* :func:`call_checked`: call a public function and assert that no input array was modified.
+* :func:`call_checked`: call a public function and assert that no input array was modified;
+  :func:`no_warnings`: a block in which any warning or floating-point error is an error;
+  :func:`freeze`: make arrays read-only.
 * :func:`layout_variants`: the same data in other memory layouts (Fortran, transposed and
-  reversed views, slices, a misaligned byte-offset buffer, read-only).
+  reversed views, slices, a misaligned byte-offset buffer, read-only); the builders
+  :func:`transposed_view`, :func:`misaligned` and :func:`read_only` on their own.
+* :func:`mha_params`: random multi-head attention parameters (packed or separate weights).
 * :func:`run_forked`: run a function in a forked child and collect what it sends, failing
-  (instead of hanging) when the child deadlocks.
+  (instead of hanging) when the child deadlocks; :func:`child_env`: the environment for a
+  child interpreter that must import the same cyattn as this process.
 * :class:`FakeTorchMHA` / :class:`FakeTensor`: a duck-typed torch.nn.MultiheadAttention for
   ``MultiHeadAttention.from_torch`` without torch.
 """
+import contextlib
 import math
 import multiprocessing
+import os
+import sysconfig
 import warnings
 
 import numpy as np
@@ -383,6 +391,23 @@ def _shares(a, out_obj):
     return isinstance(out_obj, np.ndarray) and np.may_share_memory(a, out_obj)
 
 
+@contextlib.contextmanager
+def no_warnings(underflow="raise"):
+    """Any warning (e.g. a NumPy RuntimeWarning) or NumPy floating-point error inside the block
+    is an error; ``underflow="ignore"`` lets underflow pass (NumPy's own default: rounding a
+    float32 result to float16 underflows for tiny weights, and that is the right answer)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with np.errstate(all="raise", under=underflow):
+            yield
+
+
+def freeze(*arrays):
+    """Make each array read-only (shared inputs of concurrent calls must not be written)."""
+    for a in arrays:
+        a.flags.writeable = False
+
+
 def misaligned(arr):
     """A copy of ``arr`` in a buffer offset by one byte from an aligned address (so its data
     pointer is not aligned to the itemsize when the itemsize is > 1)."""
@@ -396,6 +421,18 @@ def misaligned(arr):
     return view
 
 
+def transposed_view(arr):
+    """``arr``'s values stored with the last two axes swapped, viewed back in ``arr``'s shape."""
+    return np.swapaxes(np.ascontiguousarray(np.swapaxes(arr, -1, -2)), -1, -2)
+
+
+def read_only(arr):
+    """A read-only copy of ``arr``."""
+    ro = np.array(arr)
+    ro.flags.writeable = False
+    return ro
+
+
 LAYOUTS = ("c_contiguous", "fortran", "transposed_view", "reversed_view", "sliced",
            "misaligned", "read_only")
 
@@ -405,13 +442,10 @@ def layout_variants(arr):
     arr = np.asarray(arr)
     out = [("c_contiguous", np.ascontiguousarray(arr))]
     if arr.ndim == 0:
-        ro = np.array(arr)
-        ro.flags.writeable = False
-        return out + [("read_only", ro)]
+        return out + [("read_only", read_only(arr))]
     out.append(("fortran", np.asfortranarray(arr)))
     if arr.ndim >= 2:
-        out.append(("transposed_view", np.swapaxes(np.ascontiguousarray(np.swapaxes(arr, -1, -2)),
-                                                    -1, -2)))
+        out.append(("transposed_view", transposed_view(arr)))
     rev = np.ascontiguousarray(arr[(slice(None, None, -1),) * arr.ndim])
     out.append(("reversed_view", rev[(slice(None, None, -1),) * arr.ndim]))
     big = np.zeros(tuple(2 * s + 1 for s in arr.shape), dtype=arr.dtype)
@@ -419,9 +453,7 @@ def layout_variants(arr):
     big[sl] = arr
     out.append(("sliced", big[sl]))
     out.append(("misaligned", misaligned(arr)))
-    ro = np.array(arr)
-    ro.flags.writeable = False
-    out.append(("read_only", ro))
+    out.append(("read_only", read_only(arr)))
     for name, a in out:
         assert np.array_equal(a, arr, equal_nan=True), name
     return out
@@ -439,6 +471,27 @@ def grid_values(rng, shape, lo=-2.0, hi=2.0, step=1.0 / 256):
     integer multiples of step^2 keep float64 sums of their products exact."""
     n = rng.integers(round(lo / step), round(hi / step) + 1, size=shape)
     return n.astype(np.float64) * step
+
+
+def mha_params(rng, E, kdim, vdim, packed=True, bias_in=True, bias_out=True, bias_scale=1.0):
+    """float64 parameters of multi-head attention drawn from ``rng`` (standard normal; weights
+    scaled by 1/sqrt(fan-in), biases by ``bias_scale``): ``in_proj_weight`` when ``packed`` and
+    kdim == vdim == E, else the three separate projection weights; ``out_proj_weight``;
+    ``in_proj_bias`` / ``out_proj_bias`` when asked for. Draw order is fixed (the tests that
+    share a generator depend on it)."""
+    p = {}
+    if packed and kdim == E and vdim == E:
+        p["in_proj_weight"] = rng.standard_normal((3 * E, E)) / math.sqrt(E)
+    else:
+        p["q_proj_weight"] = rng.standard_normal((E, E)) / math.sqrt(E)
+        p["k_proj_weight"] = rng.standard_normal((E, kdim)) / math.sqrt(kdim)
+        p["v_proj_weight"] = rng.standard_normal((E, vdim)) / math.sqrt(vdim)
+    p["out_proj_weight"] = rng.standard_normal((E, E)) / math.sqrt(E)
+    if bias_in:
+        p["in_proj_bias"] = rng.standard_normal(3 * E) * bias_scale
+    if bias_out:
+        p["out_proj_bias"] = rng.standard_normal(E) * bias_scale
+    return p
 
 
 # ------------------------------------------------------------------------------------------
@@ -482,6 +535,28 @@ def run_forked(target, args, timeout=60):
             if proc.is_alive():
                 proc.kill()
                 proc.join(5)
+
+
+def child_env(backend=None, clear_backend=False, **extra):
+    """Environment for a child interpreter that imports the same cyattn as this process.
+
+    ``os.environ``, with the folder that holds the imported cyattn put first on PYTHONPATH when
+    it is a source tree (an installed package is found by the child on its own); ``backend``
+    sets CYATTN_BACKEND for the child, ``clear_backend`` drops an inherited one; ``extra``:
+    more variables to set.
+    """
+    env = dict(os.environ)
+    if clear_backend:
+        env.pop("CYATTN_BACKEND", None)
+    if backend is not None:
+        env["CYATTN_BACKEND"] = backend
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(_backend.__file__)))
+    site = {os.path.abspath(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")}
+    if parent not in site:  # a source tree on sys.path: hand it to the child too
+        env["PYTHONPATH"] = os.pathsep.join(
+            [parent] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env.update(extra)
+    return env
 
 
 class FakeTensor:

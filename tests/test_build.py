@@ -24,6 +24,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from conftest import child_env
 
 import cyattn
 from cyattn import _backend
@@ -38,17 +39,8 @@ def _built(name):
 
 
 def _child_env(backend=None):
-    """Environment for a child interpreter that imports the same cyattn as this process."""
-    env = dict(os.environ)
-    env.pop("CYATTN_BACKEND", None)
-    if backend is not None:
-        env["CYATTN_BACKEND"] = backend
-    parent = os.path.dirname(os.path.dirname(os.path.abspath(cyattn.__file__)))
-    site = {os.path.abspath(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")}
-    if parent not in site:  # a source tree on sys.path: hand it to the child too
-        env["PYTHONPATH"] = os.pathsep.join(
-            [parent] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return env
+    """conftest's :func:`child_env` without an inherited CYATTN_BACKEND (``backend`` or none)."""
+    return child_env(backend, clear_backend=True)
 
 
 # Prints the loaded variant and the variant modules imported, one per line.

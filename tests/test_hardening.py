@@ -32,7 +32,7 @@ import traceback
 
 import numpy as np
 import pytest
-from conftest import FakeTorchMHA, run_forked
+from conftest import FakeTorchMHA, child_env, freeze, run_forked
 
 import cyattn
 
@@ -43,18 +43,10 @@ MM = "cyattn.matmul_accumulate"
 ATT = "cyattn.scaled_dot_product_attention"
 MHA = "cyattn.multi_head_attention"
 
-# The directory that holds the cyattn package this process imported: subprocesses import the
-# same one (an installed package, or src/ of a checkout on PYTHONPATH).
-_PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(cyattn.__file__)))
-
-
 def _run_python(script, *args, variant=None, timeout=300):
-    """Run ``script`` in a fresh interpreter; returns the CompletedProcess."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_PARENT, env.get("PYTHONPATH")) if p)
-    if variant is not None:
-        env["CYATTN_BACKEND"] = variant
-    return subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env,
+    """Run ``script`` in a fresh interpreter that imports the same cyattn as this process
+    (conftest's :func:`child_env`); returns the CompletedProcess."""
+    return subprocess.run([sys.executable, "-c", script, *map(str, args)], env=child_env(variant),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -71,11 +63,6 @@ def _fingerprint(arrays):
     """dtype, shape and bytes of each array: equal fingerprints are bit-identical results
     (NaN payloads and signed zeros included)."""
     return [(a.dtype.str, a.shape, np.ascontiguousarray(a).tobytes()) for a in arrays]
-
-
-def _freeze(*arrays):
-    for a in arrays:
-        a.flags.writeable = False
 
 
 # ------------------------------------------------------------------------------------------
@@ -126,7 +113,7 @@ def _workload(seed=1234):
     kpm[1, 4:] = True                                    # torch polarity: True = ignore
     shared = [x, x32, xs, keep, col_keep, fmask, a, b, mm_base, a3, b2, mm3_base, q, k, v, kg,
               vg, bmask, amask, q32, k32, v32, amask32, q16, k16, v16, h, kpm, *params]
-    _freeze(*shared)
+    freeze(*shared)
 
     def matmul(n):
         out = mm_base.copy()
@@ -433,7 +420,7 @@ def test_two_threads_run_kernels_at_the_same_time(variant):
     rng = np.random.default_rng(12)
     q, k, v = (rng.standard_normal((1, 8, 2048, 64)).astype(np.float32) for _ in range(3))
     keep = rng.random((2048, 2048)) < 0.7
-    _freeze(q, k, v, keep)
+    freeze(q, k, v, keep)
 
     def first():
         return cyattn.scaled_dot_product_attention(q, k, v, n_threads=1)

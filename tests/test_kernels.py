@@ -5,7 +5,6 @@ widths, plus the documented semantics: masks, fully masked rows, causal alignmen
 scale, empty dimensions, broadcasting, axis, out=, memory layouts, NaN/inf and exp accuracy.
 Tolerances come from conftest.TOLERANCES (via ``assert_close``/``tol``) only.
 """
-import contextlib
 import functools
 import importlib
 import math
@@ -18,6 +17,7 @@ from conftest import (
     call_checked,
     grid_values,
     layout_variants,
+    no_warnings,
     numpy_matmul,
     numpy_sdpa,
     oracle_matmul,
@@ -46,15 +46,6 @@ def _sm(log):
 
 def sdpa(*args, **kwargs):
     return call_checked(cyattn.scaled_dot_product_attention, *args, **kwargs)
-
-
-@contextlib.contextmanager
-def no_warnings():
-    """Any warning (e.g. a NumPy RuntimeWarning) inside the block is an error."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with np.errstate(all="raise"):
-            yield
 
 
 # ------------------------------------------------------------------------------------------

@@ -7,31 +7,19 @@ import os
 import re
 import subprocess
 import sys
-import sysconfig
 import time
 
 import numpy as np
 import pytest
+from conftest import child_env
 
 import cyattn
 from cyattn import __main__ as cli
 from cyattn import _bench, _selfcheck
 
 
-def _env():
-    env = dict(os.environ)
-    # Make the child import the same cyattn as this process when it comes from a source tree
-    # (an installed package is found by the child on its own).
-    parent = os.path.dirname(os.path.dirname(os.path.abspath(cyattn.__file__)))
-    site = {os.path.abspath(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")}
-    if parent not in site:
-        env["PYTHONPATH"] = os.pathsep.join(
-            [parent] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return env
-
-
 def run_cli(tmp_path, *args, timeout=120):
-    proc = subprocess.run([sys.executable, "-m", "cyattn", *args], cwd=tmp_path, env=_env(),
+    proc = subprocess.run([sys.executable, "-m", "cyattn", *args], cwd=tmp_path, env=child_env(),
                           capture_output=True, text=True, timeout=timeout)
     return proc
 
@@ -75,7 +63,7 @@ def test_default_command_quick(tmp_path):
 @pytest.mark.skipif("avx2" not in cyattn._backend.cpu_features(),
                     reason="sets OPENBLAS_CORETYPE=Haswell, which runs AVX2 code in NumPy")
 def test_bench_reexecs_without_openblas_overrides(tmp_path):
-    env = _env()
+    env = child_env()
     env["OPENBLAS_CORETYPE"] = "Haswell"
     proc = subprocess.run([sys.executable, "-m", "cyattn", "bench", "--quick"], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=120)
@@ -417,7 +405,7 @@ def test_bench_full_no_matching_case(capsys):
 @pytest.mark.skipif("avx2" not in cyattn._backend.cpu_features(),
                     reason="sets OPENBLAS_CORETYPE=Haswell, which runs AVX2 code in NumPy")
 def test_bench_full_reexecs_without_openblas_overrides(tmp_path):
-    env = _env()
+    env = child_env()
     env["OPENBLAS_L2_SIZE"] = "262144"
     proc = subprocess.run([sys.executable, "-m", "cyattn", *_TINY_FULL, "--no-torch",
                            "--no-memory", "--outdir", str(tmp_path)], cwd=tmp_path, env=env,
@@ -433,7 +421,7 @@ _RUN_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.mark.skipif(not os.path.isfile(_RUN_PY), reason="bench/run.py is in the repository only")
 def test_bench_run_py_help(tmp_path):
-    proc = subprocess.run([sys.executable, _RUN_PY, "--help"], cwd=tmp_path, env=_env(),
+    proc = subprocess.run([sys.executable, _RUN_PY, "--help"], cwd=tmp_path, env=child_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "--outdir" in proc.stdout and "--only" in proc.stdout

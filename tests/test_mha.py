@@ -10,7 +10,7 @@ import zlib
 
 import numpy as np
 import pytest
-from conftest import FakeTorchMHA
+from conftest import FakeTorchMHA, mha_params
 
 import cyattn
 from cyattn import oracle
@@ -29,19 +29,7 @@ TORCH_TOL = {np.float64: dict(rtol=1e-10, atol=1e-10), np.float32: dict(rtol=1e-
 
 def make_params(rng, E, kdim=None, vdim=None, bias=True, dtype=np.float64):
     """Keyword arguments for multi_head_attention (packed when kdim == vdim == E)."""
-    kdim = kdim or E
-    vdim = vdim or E
-    p = {}
-    if kdim == E and vdim == E:
-        p["in_proj_weight"] = rng.standard_normal((3 * E, E)) / math.sqrt(E)
-    else:
-        p["q_proj_weight"] = rng.standard_normal((E, E)) / math.sqrt(E)
-        p["k_proj_weight"] = rng.standard_normal((E, kdim)) / math.sqrt(kdim)
-        p["v_proj_weight"] = rng.standard_normal((E, vdim)) / math.sqrt(vdim)
-    p["out_proj_weight"] = rng.standard_normal((E, E)) / math.sqrt(E)
-    if bias:
-        p["in_proj_bias"] = rng.standard_normal(3 * E)
-        p["out_proj_bias"] = rng.standard_normal(E)
+    p = mha_params(rng, E, kdim or E, vdim or E, bias_in=bias, bias_out=bias)
     return {k: v.astype(dtype) for k, v in p.items()}
 
 
@@ -54,6 +42,14 @@ def make_inputs(rng, N, L, S, E, kdim, vdim, batch_first, dtype=np.float64):
             shape = (N, length, dim) if batch_first else (length, N, dim)
         return rng.standard_normal(shape).astype(dtype)
     return arr(L, E), arr(S, kdim), arr(S, vdim)
+
+
+def mha_problem(seed, E, N, L, S, kdim=None, vdim=None, batch_first=False, dtype=np.float64):
+    """``(rng, params, (q, k, v))``: :func:`make_params` then :func:`make_inputs` drawn from
+    ``np.random.default_rng(seed)``; later draws (masks) continue from the returned ``rng``."""
+    rng = np.random.default_rng(seed)
+    params = make_params(rng, E, kdim, vdim, dtype=dtype)
+    return rng, params, make_inputs(rng, N, L, S, E, kdim or E, vdim or E, batch_first, dtype)
 
 
 def bool_mask(rng, shape, p=0.3):
@@ -171,9 +167,8 @@ WEIGHT_MODES = [(True, True), (True, False), (False, True)]  # need_weights, ave
 def test_batched_matches_oracle_float64(shape, mask_case, batch_first, weight_mode):
     E, H, L, S, kdim, vdim, N = shape
     need_weights, average = weight_mode
-    rng = np.random.default_rng(zlib.crc32(repr((shape, mask_case)).encode()))
-    params = make_params(rng, E, kdim, vdim)
-    q, k, v = make_inputs(rng, N, L, S, E, kdim or E, vdim or E, batch_first)
+    rng, params, (q, k, v) = mha_problem(
+        zlib.crc32(repr((shape, mask_case)).encode()), E, N, L, S, kdim, vdim, batch_first)
     kpm, am, causal = make_masks(mask_case, rng, N, H, L, S)
     out, w = cyattn.multi_head_attention(
         q, k, v, num_heads=H, **params, key_padding_mask=kpm, attn_mask=am,
@@ -198,9 +193,7 @@ def test_unbatched_matches_oracle_float64(mask_case, weight_mode, separate):
     E, H, L, S = 8, 2, 4, 6
     kdim, vdim = (5, 7) if separate else (E, E)
     need_weights, average = weight_mode
-    rng = np.random.default_rng(7)
-    params = make_params(rng, E, kdim, vdim)
-    q, k, v = make_inputs(rng, None, L, S, E, kdim, vdim, False)
+    rng, params, (q, k, v) = mha_problem(7, E, None, L, S, kdim, vdim)
     kpm, am, causal = make_masks(mask_case, rng, None, H, L, S)
     out, w = cyattn.multi_head_attention(
         q, k, v, num_heads=H, **params, key_padding_mask=kpm, attn_mask=am,
@@ -220,9 +213,7 @@ def test_unbatched_matches_oracle_float64(mask_case, weight_mode, separate):
 @pytest.mark.parametrize("batch_first", [False, True])
 def test_float32_matches_oracle(mask_case, batch_first):
     E, H, L, S, N = 16, 4, 5, 7, 2
-    rng = np.random.default_rng(3)
-    params = make_params(rng, E, dtype=np.float32)
-    q, k, v = make_inputs(rng, N, L, S, E, E, E, batch_first, dtype=np.float32)
+    rng, params, (q, k, v) = mha_problem(3, E, N, L, S, batch_first=batch_first, dtype=np.float32)
     kpm, am, causal = make_masks(mask_case, rng, N, H, L, S)
     for need_weights in (True, False):
         out, w = cyattn.multi_head_attention(
@@ -286,9 +277,7 @@ def test_attention_kernels_run_on_the_calling_thread(monkeypatch):
 
 def test_fully_masked_rows_give_out_proj_bias():
     E, H, L, S, N = 8, 2, 3, 4, 2
-    rng = np.random.default_rng(0)
-    params = make_params(rng, E)
-    q, k, v = make_inputs(rng, N, L, S, E, E, E, True)
+    rng, params, (q, k, v) = mha_problem(0, E, N, L, S, batch_first=True)
     kpm = np.zeros((N, S), bool)
     kpm[1] = True
     for need_weights in (True, False):
@@ -326,9 +315,7 @@ def test_s_zero_and_l_zero():
 
 def test_need_weights_paths_agree_and_average_is_head_mean():
     E, H, L, S, N = 16, 4, 6, 9, 3
-    rng = np.random.default_rng(11)
-    params = make_params(rng, E, kdim=5, vdim=10)
-    q, k, v = make_inputs(rng, N, L, S, E, 5, 10, False)
+    rng, params, (q, k, v) = mha_problem(11, E, N, L, S, kdim=5, vdim=10)
     kpm = bool_mask(rng, (N, S), 0.2)
     am = float_mask(rng, (N * H, L, S))
     kw = dict(num_heads=H, **params, key_padding_mask=kpm, attn_mask=am, is_causal=True)
@@ -343,9 +330,7 @@ def test_need_weights_paths_agree_and_average_is_head_mean():
 
 def test_batch_first_is_a_transpose():
     E, H, L, S, N = 8, 2, 4, 5, 3
-    rng = np.random.default_rng(5)
-    params = make_params(rng, E)
-    q, k, v = make_inputs(rng, N, L, S, E, E, E, False)
+    rng, params, (q, k, v) = mha_problem(5, E, N, L, S)
     kpm = bool_mask(rng, (N, S), 0.2)
     a, wa = cyattn.multi_head_attention(q, k, v, num_heads=H, **params, key_padding_mask=kpm)
     b, wb = cyattn.multi_head_attention(*(np.swapaxes(x, 0, 1) for x in (q, k, v)),
@@ -357,9 +342,7 @@ def test_batch_first_is_a_transpose():
 
 def test_unbatched_equals_batch_of_one():
     E, H, L, S = 8, 4, 3, 5
-    rng = np.random.default_rng(6)
-    params = make_params(rng, E)
-    q, k, v = make_inputs(rng, None, L, S, E, E, E, False)
+    rng, params, (q, k, v) = mha_problem(6, E, None, L, S)
     kpm = bool_mask(rng, (S,), 0.3)
     am = float_mask(rng, (H, L, S))
     a, wa = cyattn.multi_head_attention(q, k, v, num_heads=H, **params, key_padding_mask=kpm,
@@ -376,9 +359,7 @@ def test_unbatched_equals_batch_of_one():
 def test_masked_nan_keys_and_values_do_not_leak(need_weights, masks):
     """A key ignored by a bool mask is never read: NaN/inf in it cannot reach the result."""
     E, H, L, S, N = 8, 2, 3, 5, 2
-    rng = np.random.default_rng(9)
-    params = make_params(rng, E)
-    q, k, v = make_inputs(rng, N, L, S, E, E, E, True)
+    rng, params, (q, k, v) = mha_problem(9, E, N, L, S, batch_first=True)
     kpm = np.zeros((N, S), bool)
     am = None
     if masks == "am2_bool+kpm_float":
@@ -407,9 +388,7 @@ def test_masked_nan_keys_and_values_do_not_leak(need_weights, masks):
 
 def test_nan_in_permitted_value_propagates_only_where_read():
     E, H, L, S = 4, 1, 3, 3
-    rng = np.random.default_rng(2)
-    params = make_params(rng, E)
-    q, k, v = make_inputs(rng, None, L, S, E, E, E, False)
+    rng, params, (q, k, v) = mha_problem(2, E, None, L, S)
     v[2, 0] = np.inf                               # only query 2 sees key 2 (causal)
     ref_out, _ = oracle_mha(q, k, v, params, H, is_causal=True)
     for need_weights in (True, False):
@@ -421,9 +400,7 @@ def test_nan_in_permitted_value_propagates_only_where_read():
 
 def test_inputs_not_modified_and_noncontiguous_inputs():
     E, H, L, S, N = 8, 2, 4, 5, 2
-    rng = np.random.default_rng(4)
-    params = make_params(rng, E)
-    q, k, v = make_inputs(rng, N, L, S, E, E, E, False)
+    rng, params, (q, k, v) = mha_problem(4, E, N, L, S)
     kpm = float_mask(rng, (N, S))
     am = bool_mask(rng, (L, S))
     copies = [x.copy() for x in (q, k, v, kpm, am, *params.values())]
@@ -452,9 +429,7 @@ def test_inputs_not_modified_and_noncontiguous_inputs():
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_dtype_preserved(dtype):
     E, H, L, S, N = 8, 2, 3, 4, 2
-    rng = np.random.default_rng(1)
-    params = make_params(rng, E, dtype=dtype)
-    q, k, v = make_inputs(rng, N, L, S, E, E, E, False, dtype=dtype)
+    rng, params, (q, k, v) = mha_problem(1, E, N, L, S, dtype=dtype)
     kpm = float_mask(rng, (N, S)).astype(np.float64)       # masks do not promote
     for need_weights in (True, False):
         out, w = cyattn.multi_head_attention(q, k, v, num_heads=H, **params,
@@ -469,9 +444,7 @@ def test_dtype_preserved(dtype):
 
 def test_float16_computed_in_float32():
     E, H, L, S, N = 8, 2, 3, 4, 2
-    rng = np.random.default_rng(1)
-    params = make_params(rng, E, dtype=np.float16)
-    q, k, v = make_inputs(rng, N, L, S, E, E, E, False, dtype=np.float16)
+    rng, params, (q, k, v) = mha_problem(1, E, N, L, S, dtype=np.float16)
     out16, w16 = cyattn.multi_head_attention(q, k, v, num_heads=H, **params)
     p32 = {n: p.astype(np.float32) for n, p in params.items()}
     out32, w32 = cyattn.multi_head_attention(q.astype(np.float32), k.astype(np.float32),
@@ -589,9 +562,7 @@ def test_state_dict_round_trip_separate():
 # --------------------------------------------------------------------------------------------
 
 def _fn_args(E=4, H=2, L=3, S=5, N=2, separate=False):
-    rng = np.random.default_rng(0)
-    params = make_params(rng, E, *((3, 2) if separate else (None, None)))
-    q, k, v = make_inputs(rng, N, L, S, E, 3 if separate else E, 2 if separate else E, False)
+    rng, params, (q, k, v) = mha_problem(0, E, N, L, S, *((3, 2) if separate else (None, None)))
     return q, k, v, dict(num_heads=H, **params)
 
 

@@ -598,6 +598,14 @@ def _linear(x, w, b):
             for row in x]
 
 
+def _mha_problem(seed, E, L, S):
+    """``(params, (query, key, value))`` of one self-contained MHA case, drawn from
+    ``random.Random(seed)``: E-wide queries (L rows), keys and values (S rows)."""
+    rng = random.Random(seed)
+    p = _mha_params(rng, E)
+    return p, (_random_matrix(rng, L, E), _random_matrix(rng, S, E), _random_matrix(rng, S, E))
+
+
 def test_mha_single_head_is_projected_attention():
     rng = random.Random(21)
     E, L, S = 4, 3, 5
@@ -623,11 +631,8 @@ def test_mha_single_head_is_projected_attention():
 
 
 def test_mha_in_proj_weight_equals_separate_weights():
-    rng = random.Random(22)
     E = 4
-    p = _mha_params(rng, E)
-    query, key, value = (_random_matrix(rng, 3, E), _random_matrix(rng, 2, E),
-                         _random_matrix(rng, 2, E))
+    p, (query, key, value) = _mha_problem(22, E, 3, 2)
     packed = dict(p)
     packed["in_proj_weight"] = p["q_proj_weight"] + p["k_proj_weight"] + p["v_proj_weight"]
     for name in ("q_proj_weight", "k_proj_weight", "v_proj_weight"):
@@ -638,11 +643,8 @@ def test_mha_in_proj_weight_equals_separate_weights():
 
 
 def test_mha_heads_and_weight_averaging():
-    rng = random.Random(23)
     E, H, L, S = 6, 3, 2, 4
-    p = _mha_params(rng, E)
-    query, key, value = (_random_matrix(rng, L, E), _random_matrix(rng, S, E),
-                         _random_matrix(rng, S, E))
+    p, (query, key, value) = _mha_problem(23, E, L, S)
     out, per_head = oracle.multi_head_attention(query, key, value, num_heads=H, **p,
                                                 average_attn_weights=False)
     out2, averaged = oracle.multi_head_attention(query, key, value, num_heads=H, **p)
@@ -671,11 +673,8 @@ def test_mha_heads_and_weight_averaging():
 
 
 def test_mha_mask_polarity_and_float_masks():
-    rng = random.Random(24)
     E, L, S = 2, 2, 3
-    p = _mha_params(rng, E)
-    query, key, value = (_random_matrix(rng, L, E), _random_matrix(rng, S, E),
-                         _random_matrix(rng, S, E))
+    p, (query, key, value) = _mha_problem(24, E, L, S)
     ignore_last = oracle.multi_head_attention(query, key, value, num_heads=1, **p,
                                               key_padding_mask=[False, False, True])
     as_float = oracle.multi_head_attention(query, key, value, num_heads=1, **p,
@@ -699,11 +698,8 @@ def test_mha_mask_polarity_and_float_masks():
 
 
 def test_mha_fully_masked_row_gives_bias_not_nan():
-    rng = random.Random(25)
     E, L, S = 4, 2, 3
-    p = _mha_params(rng, E)
-    query, key, value = (_random_matrix(rng, L, E), _random_matrix(rng, S, E),
-                         _random_matrix(rng, S, E))
+    p, (query, key, value) = _mha_problem(25, E, L, S)
     attn_mask = [[True, True, True], [False, True, True]]
     out, w = oracle.multi_head_attention(query, key, value, num_heads=2, **p, attn_mask=attn_mask)
     assert w[0] == [0.0, 0.0, 0.0]

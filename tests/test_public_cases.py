@@ -18,7 +18,6 @@ import builtins
 import importlib.util
 import math
 import multiprocessing
-import os
 import subprocess
 import sys
 import threading
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_forked
+from conftest import child_env, misaligned, read_only, run_forked, transposed_view
 
 import cyattn
 
@@ -138,15 +137,6 @@ def _gap_fill(dtype):
     return np.nan if np.dtype(dtype).kind in "fc" else 1
 
 
-def _fortran(x):
-    return np.asfortranarray(x)
-
-
-def _transposed_view(x):
-    # Stored transposed (last two axes swapped), viewed back with the original shape.
-    return np.ascontiguousarray(np.swapaxes(x, -1, -2)).swapaxes(-1, -2)
-
-
 def _reversed_view(x):
     # Stored reversed along the last axis, viewed back with [..., ::-1].
     return np.ascontiguousarray(x[..., ::-1])[..., ::-1]
@@ -161,17 +151,6 @@ def _strided_slice(x, fill=None):
     return view, big
 
 
-def _misaligned(x):
-    # The same values in a bytearray buffer at an odd address ("offset by one byte"),
-    # so flags.aligned is False for any dtype wider than one byte.
-    buf = bytearray(x.nbytes + 16)
-    address = np.frombuffer(buf, dtype=np.uint8).ctypes.data
-    offset = 1 if address % 2 == 0 else 2
-    view = np.frombuffer(buf, dtype=x.dtype, count=x.size, offset=offset).reshape(x.shape)
-    view[...] = x
-    return view
-
-
 def _odd_stride(x):
     # A field of a packed record array: stride = itemsize + 1, not a multiple of itemsize.
     record = np.zeros(x.shape, dtype=np.dtype([("x", x.dtype), ("pad", "u1")]))
@@ -179,10 +158,18 @@ def _odd_stride(x):
     return record["x"]
 
 
-def _readonly(x):
-    y = x.copy()
-    y.flags.writeable = False
-    return y
+# Layout name -> builder of a view holding the same values. Fortran order, the transposed view,
+# the misaligned buffer (odd address: flags.aligned is False for any dtype wider than one byte)
+# and the read-only copy are conftest's.
+_LAYOUT_BUILDERS = {
+    "fortran": np.asfortranarray,
+    "transposed_view": transposed_view,
+    "reversed_view": _reversed_view,
+    "strided_slice": lambda x: _strided_slice(x)[0],
+    "misaligned": misaligned,
+    "odd_stride": _odd_stride,
+    "readonly": read_only,
+}
 
 
 def _apply_layout(x, layout):
@@ -190,23 +177,11 @@ def _apply_layout(x, layout):
     bigger backing array for ``strided_sentinel`` (else None)."""
     if layout is None:
         return x, None
-    if layout == "fortran":
-        return _fortran(x), None
-    if layout == "transposed_view":
-        return _transposed_view(x), None
-    if layout == "reversed_view":
-        return _reversed_view(x), None
-    if layout == "strided_slice":
-        return _strided_slice(x)[0], None
-    if layout == "misaligned":
-        return _misaligned(x), None
-    if layout == "odd_stride":
-        return _odd_stride(x), None
-    if layout == "readonly":
-        return _readonly(x), None
     if layout == "strided_sentinel":
         return _strided_slice(x, fill=SENTINEL)
-    raise AssertionError(f"unknown layout {layout!r}")
+    if layout not in _LAYOUT_BUILDERS:
+        raise AssertionError(f"unknown layout {layout!r}")
+    return _LAYOUT_BUILDERS[layout](x), None
 
 
 def _assert_layout(y, x, layout, sentinel=None):
@@ -571,11 +546,9 @@ def _invariance_reference():
 
 
 def _run_fresh(script, args=(), env_extra=None, cwd=None):
-    env = dict(os.environ)
-    env.update(env_extra or {})
     proc = subprocess.run(
         [sys.executable, "-c", script, *args],
-        env=env,
+        env=child_env(**(env_extra or {})),
         cwd=cwd,
         capture_output=True,
         text=True,

@@ -8,6 +8,7 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import freeze
 
 import cyattn
 from cyattn import _backend
@@ -35,11 +36,6 @@ def _inputs(seed=0):
     x[3, 4] = np.nan
     x[9] = -np.inf
     return mm, (q, k, v, keep), x
-
-
-def _freeze(*arrays):
-    for a in arrays:
-        a.flags.writeable = False
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
@@ -167,9 +163,9 @@ def test_batch_split_does_not_change_results(variant):
 def test_concurrent_python_threads_match_serial(variant):
     """8 Python threads calling at once on shared read-only inputs get the serial results."""
     mm, (q, k, v, keep), x = _inputs(2)
-    _freeze(mm["a"], mm["b"], q, k, v, keep, x)
+    freeze(mm["a"], mm["b"], q, k, v, keep, x)
     base = mm["out"].copy()
-    _freeze(base)
+    freeze(base)
 
     def job(i):
         n = THREAD_COUNTS[i % len(THREAD_COUNTS)]

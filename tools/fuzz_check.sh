@@ -20,7 +20,7 @@
 #                     removed when the run passes, kept and printed when it fails)
 #   FUZZ_KEEP_CORPUS  folder to keep the grown corpus in (to merge new inputs into fuzz/corpus
 #                     by hand: python fuzz/fuzz_api.py -merge=1 fuzz/corpus FOLDER)
-#   CYATTN_FUZZ_AVOID known-bug tags the decoder stops generating (see fuzz/api_checks.py)
+#   CYATTN_FUZZ_AVOID known-bug tags the decoder stops generating (see fuzz/checks_common.py)
 # A failing input is replayed and explained without atheris by
 #   python fuzz/api_checks.py ARTIFACT
 # Exit status: 0 when the run finished without a failure, 1 otherwise (the step is named).
@@ -28,20 +28,20 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 seconds=${1:-60}
-case "$seconds" in
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    ''|*[!0-9]*) echo "fuzz_check: SECONDS must be a positive integer, got '$seconds'" >&2; exit 2 ;;
-esac
-[ "$seconds" -gt 0 ] || { echo "fuzz_check: SECONDS must be positive" >&2; exit 2; }
 py=${PYTHON:-python3}
+check_name=fuzz_check
+# shellcheck source=tools/_steps.sh
+source "$root/tools/_steps.sh"
+case "$seconds" in
+    -h|--help) print_help; exit 0 ;;
+    ''|*[!0-9]*) usage_error "SECONDS must be a positive integer, got '$seconds'" ;;
+esac
+[ "$seconds" -gt 0 ] || usage_error "SECONDS must be positive"
 # atheris 3.0.0 is the newest release the package index serves here (cp38-cp312 manylinux
 # wheels that bundle libFuzzer, so no clang is needed); a source build would need clang and
 # libFuzzer.
 atheris_pin=atheris==3.0.0
 work=$(mktemp -d "${TMPDIR:-/tmp}/cyattn-fuzz.XXXXXX")
-check_name=fuzz_check
-# shellcheck source=tools/_steps.sh
-source "$root/tools/_steps.sh"
 
 # ---------------------------------------------------------------------------------------------
 step "atheris"

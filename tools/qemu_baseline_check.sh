@@ -84,12 +84,9 @@ fi
 
 if [ -z "$wheel" ]; then
     step "no wheel given: build one (python -m build --wheel on a staged copy of the tree)"
-    mkdir -p "$work/src"
-    (cd "$root" && git ls-files -z --cached --others --exclude-standard) |
-        (cd "$root" && while IFS= read -r -d '' f; do [ -f "$f" ] && printf '%s\0' "$f"; done |
-         xargs -0 cp --parents -t "$work/src")
+    stage_source_tree "$root" "$work"
     "$py" -m venv "$work/build-venv"
-    "$work/build-venv/bin/python" -m pip install --quiet --disable-pip-version-check build==1.6.1
+    "$work/build-venv/bin/python" -m pip install --quiet --disable-pip-version-check "$build_pin"
     "$work/build-venv/bin/python" -m build --wheel --outdir "$work/dist" "$work/src" > "$work/build.log" 2>&1 ||
         { tail -30 "$work/build.log"; fail "python -m build"; }
     wheel=$(ls "$work"/dist/*.whl)
@@ -99,12 +96,8 @@ case "$(basename "$wheel")" in *x86_64*) ;; *) fail "not an x86-64 wheel: $wheel
 echo "wheel: $wheel"
 
 step "fresh venv with the wheel and the test dependencies"
-"$py" -m venv "$work/venv"
-vpy=$work/venv/bin/python
-"$vpy" -m pip install --quiet --disable-pip-version-check "${wheel}[test]" > "$work/pip.log" 2>&1 ||
-    { cat "$work/pip.log"; fail "pip install of the wheel"; }
-grep -v "^WARNING: Location 'file:" "$work/pip.log" || true   # drop a pip index note of this machine
-"$vpy" -c "import cyattn" || fail "the wheel does not import natively"
+fresh_venv "$work/venv"
+pip_install_wheel "$wheel" "$work/pip.log"
 
 # The guard and the wrapper that keep child interpreters under emulation.
 mkdir -p "$work/shim" "$work/run"
@@ -218,8 +211,7 @@ skip_suites="$skip_suites --ignore=tests/test_fuzz_corpus.py --ignore=tests/test
 [ -n "$pytest_args" ] || pytest_args="-m 'not slow' tests $skip_suites"
 if [ "$pytest_args" != skip ]; then
     step "test suite under -cpu $cpu: pytest $pytest_args"
-    cp -r "$root/tests" "$work/run/tests"
-    find "$work/run" -name __pycache__ -prune -exec rm -rf {} +
+    enter_tests_copy "$root/tests" "$work/run"
     t0=$SECONDS
     # test_bench_reexecs_without_openblas_overrides sets OPENBLAS_CORETYPE=Haswell for a child:
     # NumPy's OpenBLAS then runs AVX2 code, which a Westmere CPU cannot (SIGILL, by design).

@@ -34,14 +34,6 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=""
 with_torch=1
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --outdir) out=$2; shift 2 ;;
-        --no-torch) with_torch=0; shift ;;
-        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "sanitize_check: unknown argument $1 (see --help)" >&2; exit 2 ;;
-    esac
-done
 py=${PYTHON:-python3}
 sanitize=${CYATTN_SANITIZE:-address,undefined}
 # Two tests measure the process rather than cyattn and cannot hold under ASan, so they are left
@@ -54,12 +46,9 @@ torch_pin=torch==2.13.0          # as in .ci/run
 check_name=sanitize_check
 # shellcheck source=tools/_steps.sh
 source "$root/tools/_steps.sh"
-if [ -n "$out" ]; then
-    mkdir -p "$out" && out=$(cd "$out" && pwd)
-else
-    out=$(mktemp -d "${TMPDIR:-/tmp}/cyattn-sanitize-check.XXXXXX")
-    work=$out                    # removed on exit by tools/_steps.sh
-fi
+own_option() { [ "$1" = --no-torch ] && with_torch=0; }
+parse_args "$@"
+set_outdir sanitize-check        # without --outdir: removed on exit
 ulimit -c 0                      # aborted processes must not leave core files behind
 
 # ---------------------------------------------------------------------------------------------
@@ -135,31 +124,22 @@ control() {  # control NAME PATTERN [ARG]: the program built with -fsanitize=NAM
 ! has undefined || control undefined "UndefinedBehaviorSanitizer" signed
 
 # ---------------------------------------------------------------------------------------------
-step "stage the source tree in $out/src"
-rm -rf "$out/src" "$out/venv" "$out/run"
-stage_source_tree "$root" "$out"
-kernels=$(cd "$out/src/src/cyattn" && printf '%s ' _kernels_*.pyx)
-echo "staged $(wc -l < "$out/source-files.txt") files; kernels: $kernels"
+stage_step venv run
+echo "kernels: $(cd "$out/src/src/cyattn" && printf '%s ' _kernels_*.pyx)"
 
 step "fresh venv; pip install the staged copy with CYATTN_SANITIZE=$sanitize"
-"$py" -m venv "$out/venv"
-vpy=$out/venv/bin/python
+fresh_venv "$out/venv"
 pip_q=(--quiet --disable-pip-version-check --no-cache-dir)
 # setuptools reads extra build_ext options from DIST_EXTRA_CONFIG (here: parallel compiles).
 printf '[build_ext]\nparallel = %s\n' "${CYATTN_BUILD_JOBS:-1}" > "$out/build_ext.cfg"
-CYATTN_SANITIZE=$sanitize DIST_EXTRA_CONFIG=$out/build_ext.cfg \
-    "$vpy" -m pip install --verbose --disable-pip-version-check --no-cache-dir "$out/src[test]" \
-    > "$out/build.log" 2>&1 ||
-    { tail -40 "$out/build.log"; fail "pip install of the sanitized build (log: $out/build.log)"; }
-grep -E "cyattn: compiler=" "$out/build.log" | sed 's/^ *//' | sort -u
+pip_install_staged "$out/build.log" CYATTN_SANITIZE="$sanitize" DIST_EXTRA_CONFIG="$out/build_ext.cfg"
 grep -q "cyattn: compiler=.* sanitize=$sanitize\$" "$out/build.log" ||
     fail "setup.py did not report sanitize=$sanitize (log: $out/build.log)"
 if [ "$with_torch" = 1 ]; then
     "$vpy" -m pip install "${pip_q[@]}" "$torch_pin" > "$out/torch.log" 2>&1 ||
         { tail -20 "$out/torch.log"; fail "pip install $torch_pin (or run with --no-torch)"; }
 fi
-"$vpy" -m pip list --disable-pip-version-check --format=freeze 2>/dev/null |
-    grep -E -i "^(cyattn|numpy|torch|pytest|hypothesis|threadpoolctl)==" || true
+show_versions
 
 step "every kernel module is instrumented"
 site=$("$vpy" -c "import sysconfig; print(sysconfig.get_paths()['platlib'])")
@@ -175,18 +155,8 @@ done
 
 # ---------------------------------------------------------------------------------------------
 step "tests under the sanitizers: pytest $pytest_args"
-mkdir -p "$out/run"
-cp -r "$out/src/tests" "$out/run/tests"
-find "$out/run" -name __pycache__ -prune -exec rm -rf {} +
-cd "$out/run"
-env "${san_env[@]}" "$vpy" - "$out/venv" <<'EOF'
-import os, sys, cyattn
-where = os.path.realpath(cyattn.__file__)
-venv = os.path.realpath(sys.argv[1])
-print(f"cyattn imported from {where}; variants: {cyattn._backend.available_variants()}")
-if not where.startswith(venv + os.sep):
-    sys.exit(f"cyattn was not imported from the venv's site-packages ({venv})")
-EOF
+enter_tests_copy "$out/src/tests" "$out/run"
+(export "${san_env[@]}"; assert_venv_cyattn)     # as pytest runs below
 rc=0
 eval "set -- $pytest_args"
 # --capture=sys: pytest captures Python's sys.stdout/err only, not file descriptors 1 and 2, so
@@ -200,8 +170,7 @@ cd "$root"
 # ---------------------------------------------------------------------------------------------
 step "summary"
 found=$(reports)
-tests_line=$(grep -E "^=* *[0-9]+ (passed|failed|skipped|errors?)\b.* in [0-9.]+s" "$out/pytest.log" |
-             tail -1 | sed 's/^=* *//; s/ *=*$//' || true)
+tests_line=$(pytest_summary "$out/pytest.log")
 torch_state=$([ "$with_torch" = 1 ] && echo "torch installed" || echo "torch absent")
 in_output=$(grep -c -E "ERROR: AddressSanitizer|runtime error: " "$out/pytest.log" || true)
 if [ -n "$found" ] || [ "$in_output" -gt 0 ]; then

@@ -34,13 +34,6 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=""
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --outdir) out=$2; shift 2 ;;
-        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "valgrind_check: unknown argument $1 (see --help)" >&2; exit 2 ;;
-    esac
-done
 py=${PYTHON:-python3}
 vg=${VALGRIND:-valgrind}
 # The default subset; see the header. float16 runs the float32 kernels, so it is left out.
@@ -52,12 +45,8 @@ supp=$root/tools/valgrind-python.supp
 check_name=valgrind_check
 # shellcheck source=tools/_steps.sh
 source "$root/tools/_steps.sh"
-if [ -n "$out" ]; then
-    mkdir -p "$out" && out=$(cd "$out" && pwd)
-else
-    out=$(mktemp -d "${TMPDIR:-/tmp}/cyattn-valgrind-check.XXXXXX")
-    work=$out                    # removed on exit by tools/_steps.sh
-fi
+parse_args "$@"
+set_outdir valgrind-check        # without --outdir: removed on exit
 
 # ---------------------------------------------------------------------------------------------
 step "valgrind"
@@ -72,20 +61,12 @@ echo "options: ${vg_opts[*]}"
 export PYTHONMALLOC=malloc OMP_NUM_THREADS=2
 
 # ---------------------------------------------------------------------------------------------
-step "stage the source tree in $out/src"
-rm -rf "$out/src" "$out/venv" "$out/run"
-stage_source_tree "$root" "$out"
-echo "staged $(wc -l < "$out/source-files.txt") files"
+stage_step venv run
 
 step "fresh venv; pip install the staged copy (normal build) and the test dependencies"
-"$py" -m venv "$out/venv"
-vpy=$out/venv/bin/python
-env -u CYATTN_SANITIZE "$vpy" -m pip install --verbose --disable-pip-version-check --no-cache-dir \
-    "$out/src[test]" > "$out/build.log" 2>&1 ||
-    { tail -40 "$out/build.log"; fail "pip install (log: $out/build.log)"; }
-grep -E "cyattn: compiler=" "$out/build.log" | sed 's/^ *//' | sort -u
-"$vpy" -m pip list --disable-pip-version-check --format=freeze 2>/dev/null |
-    grep -E -i "^(cyattn|numpy|pytest|hypothesis|threadpoolctl)==" || true
+fresh_venv "$out/venv"
+pip_install_staged "$out/build.log" -u CYATTN_SANITIZE
+show_versions
 
 # ---------------------------------------------------------------------------------------------
 step "control: a read past a NumPy buffer is reported"
@@ -104,11 +85,8 @@ echo "reported as expected (exit $rc): $control"
 
 # ---------------------------------------------------------------------------------------------
 step "tests under valgrind memcheck: pytest $pytest_args"
-mkdir -p "$out/run"
-cp -r "$out/src/tests" "$out/run/tests"
-find "$out/run" -name __pycache__ -prune -exec rm -rf {} +
-cd "$out/run"
-"$vpy" -c "import cyattn, sys; print('cyattn from', cyattn.__file__, '| variants:', cyattn._backend.available_variants())"
+enter_tests_copy "$out/src/tests" "$out/run"
+assert_venv_cyattn
 eval "set -- $pytest_args"
 rc=0
 "$vg" "${vg_opts[@]}" --log-file="$out/valgrind.log" \
@@ -120,8 +98,7 @@ cd "$root"
 step "summary"
 summary=$(grep -E "ERROR SUMMARY" "$out/valgrind.log" | tail -1 | sed 's/^==[0-9]*== //')
 [ -n "$summary" ] || { tail -30 "$out/valgrind.log"; fail "no ERROR SUMMARY in $out/valgrind.log (exit $rc)"; }
-tests_line=$(grep -E "^=* *[0-9]+ (passed|failed|skipped|errors?|deselected)\b.* in [0-9.]+s" "$out/pytest.log" |
-             tail -1 | sed 's/^=* *//; s/ *=*$//' || true)
+tests_line=$(pytest_summary "$out/pytest.log")
 n_errors=$(echo "$summary" | sed -n 's/^ERROR SUMMARY: \([0-9]*\) errors.*/\1/p')
 echo "valgrind: $summary"
 if [ "${n_errors:-1}" != 0 ]; then

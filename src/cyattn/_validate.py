@@ -342,7 +342,9 @@ def per_batch_entry(value, name, batch, fname, *, integer, compute_dtype=None):
                          f"head)")
     arr = np.broadcast_to(arr, batch).reshape(-1)
     if integer:
-        return np.ascontiguousarray(np.minimum(arr, np.iinfo(np.int64).max), dtype=np.int64)
+        if arr.dtype == np.uint64:     # values past int64 act as S (L), like any past it
+            arr = np.minimum(arr, np.uint64(np.iinfo(np.int64).max))
+        return np.ascontiguousarray(arr, dtype=np.int64)
     with np.errstate(over="ignore"):
         arr = arr.astype(compute_dtype)
     return np.ascontiguousarray(arr, dtype=np.float64)

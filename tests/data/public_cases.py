@@ -6,7 +6,8 @@ the test suite is self-contained and never reads anything outside the checkout. 
 ``source`` field is the public issue or pull request it was drawn from (provenance).
 
 Each case is data, not code: build the inputs, call the named cyattn function, and compare
-with ``expected`` as ``check`` says. ``tests/test_public_cases.py`` turns every case into a
+with ``expected`` as ``check`` says. Cases repeat literal inputs on purpose (the LAY-* cases
+share one problem): every record is self-contained, as in the list it is copied from. ``tests/test_public_cases.py`` turns every case into a
 pytest test.
 
 Fields: ``fn`` (softmax, scaled_dot_product_attention, matmul_accumulate, or special),
