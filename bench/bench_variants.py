@@ -16,6 +16,7 @@ the median of the paired ratios (above 1: the first-named call is faster):
 Needs: cyattn; torch for the torch column (skipped with a note without it).
 """
 import argparse
+import functools
 import statistics
 
 import numpy as np
@@ -108,15 +109,11 @@ def run(n, samples):
         q, k, v = _qkv(rng, 1, 8, T, T, 64)
         sinks = rng.standard_normal(8)
         slopes = 2.0 ** -np.arange(1, 9)
-        calls = {
-            "plain": lambda: cyattn.scaled_dot_product_attention(q, k, v, n_threads=n),
-            "softcap": lambda: cyattn.scaled_dot_product_attention(q, k, v, softcap=20.0,
-                                                                    n_threads=n),
-            "sinks": lambda: cyattn.scaled_dot_product_attention(q, k, v, sinks=sinks,
-                                                                  n_threads=n),
-            "alibi": lambda: cyattn.scaled_dot_product_attention(q, k, v, alibi_slopes=slopes,
-                                                                  n_threads=n),
-        }
+        sdpa = functools.partial(cyattn.scaled_dot_product_attention, q, k, v, n_threads=n)
+        calls = {"plain": sdpa,
+                 "softcap": functools.partial(sdpa, softcap=20.0),
+                 "sinks": functools.partial(sdpa, sinks=sinks),
+                 "alibi": functools.partial(sdpa, alibi_slopes=slopes)}
         t = interleaved(calls, samples=samples, target=0.05, pause=pause)
         for name in ("softcap", "sinks", "alibi"):
             results[f"{name}_{T}"] = _line(f"{name} (1,8,{T},64): plain / {name}", t, "plain",
