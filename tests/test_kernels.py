@@ -1561,3 +1561,21 @@ def test_matmul_k_zero_with_nonfinite_alpha(variant, alpha):
     assert np.isnan(expected).all()
     cyattn.matmul_accumulate(a, b, out, alpha=alpha)
     np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("alpha", [np.inf, -np.inf])
+def test_matmul_infinite_alpha_over_several_k_blocks(variant, dtype, alpha):
+    """alpha * (a @ b), not the sum of alpha * each KC-block's partial sum: with partial sums
+    of opposite signs the latter was inf - inf = NaN (found by hypothesis, K = 257)."""
+    K = 257
+    a = np.ones((2, K), dtype)
+    a[:, -1] = -1000                  # block 1 sums to +256, block 2 to -1000
+    a[1] = 0                          # a zero row: inf * 0 is NaN, as in NumPy and the oracle
+    b = np.ones((K, 3), dtype)
+    out = np.ones((2, 3), dtype)
+    expected = oracle_matmul(a, b, out, alpha)
+    cyattn.matmul_accumulate(a, b, out, alpha=alpha)
+    np.testing.assert_array_equal(out, np.asarray(expected, dtype))
+    assert np.isinf(out[0]).all() and (np.sign(out[0]) == -np.sign(alpha)).all()
+    assert np.isnan(out[1]).all()

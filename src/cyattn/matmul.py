@@ -113,6 +113,19 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
     n_threads = V.threads_for_work(n_threads, out.size * K, 1 << 18)
     a = V.kernel_ready(a, compute)
     b = V.kernel_ready(b, compute)
+    if not math.isfinite(alpha):
+        # The kernel applies alpha to each KC-deep block's partial sum; an infinite alpha
+        # would then turn partial sums of opposite signs into inf - inf = NaN where
+        # alpha * (a @ b) is +-inf. Form a @ b first (a temporary of out's size, only here).
+        product = np.zeros(out.shape, dtype=compute)
+        item = product.itemsize
+        _backend.kernels.matmul_accumulate(
+            a, V.batch_offsets(a, batch), a.strides[-2] // item, a.strides[-1] // item,
+            b, V.batch_offsets(b, batch), b.strides[-2] // item, b.strides[-1] // item,
+            product, V.batch_offsets(product, batch), N, 1, M, N, K, 1.0, n_threads)
+        with np.errstate(invalid="ignore", over="ignore"):
+            V.copy_result(out, out + alpha * product)
+        return out
     direct = (out.dtype == compute and out.flags.aligned
               and not any(s % out.itemsize for s in out.strides)
               and not np.may_share_memory(out, a) and not np.may_share_memory(out, b))
