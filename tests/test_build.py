@@ -233,3 +233,22 @@ def test_openmp_runtime_vendored():
             mapped = {line.split()[-1] for line in fh if want in line.lower()}
         assert mapped, f"{want} is not loaded"
         assert any(str(libs) in m for m in mapped), mapped
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or sysconfig.get_config_var("CC") is None
+                    or "gcc" not in (sysconfig.get_config_var("CC") or ""),
+                    reason="checks symbols of a gcc build on Linux")
+@pytest.mark.parametrize("name", _backend.available_variants())
+def test_attention_micro_kernels_not_inlined(name):
+    """The micro-kernels and the online softmax stay functions of their own (the noinline
+    prototypes in _kernel_common.pxi): inlined into the fused worker they ran 1.8-2.7x slower.
+    Reads the symbol table with nm; skipped where there is none (stripped wheels)."""
+    path = _backend.load_variant(name).__file__
+    try:
+        proc = subprocess.run(["nm", path], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        pytest.skip("nm not available")
+    if proc.returncode != 0 or not proc.stdout.strip():
+        pytest.skip("no symbol table (stripped)")
+    for symbol in ("micro_kernel_f32", "micro_kernel_f64", "panel_online_softmax"):
+        assert re.search(rf"\s[tT]\s\S*{symbol}", proc.stdout), symbol

@@ -34,6 +34,34 @@ cdef extern from *:
     #define CYATTN_NAN ((double)NAN)
     /* c + a * b rounded as the vectorised micro-kernel rounds it: fused where the variant has
        FMA (gcc contracts the micro-kernel's multiply-add there), separately where it has not. */
+    /* The score and P V micro-kernels and the online softmax stay functions of their own:
+       when gcc inlined them into the fused attention worker (after issue 24 grew it), its
+       16-32 accumulators no longer stayed in registers and dense attention ran 1.8-2.7x
+       slower (perf: 68 % of the time in the worker). Cython cannot mark a function noinline,
+       so the attribute goes on a prototype of the name Cython gives it (cython mangling:
+       __pyx_f_<module>_<name>, fused specialisations __pyx_fuse_<i>__pyx_f_...);
+       tests/test_build.py checks the symbols exist. */
+    #if defined(__GNUC__) && defined(__PYX_HAVE__cyattn___kernels_avx512)
+    #define CYATTN_KFN(name) __pyx_f_6cyattn_15_kernels_avx512_##name
+    #define CYATTN_KFUSED(i, name) __pyx_fuse_##i##__pyx_f_6cyattn_15_kernels_avx512_##name
+    #elif defined(__GNUC__) && defined(__PYX_HAVE__cyattn___kernels_avx2)
+    #define CYATTN_KFN(name) __pyx_f_6cyattn_13_kernels_avx2_##name
+    #define CYATTN_KFUSED(i, name) __pyx_fuse_##i##__pyx_f_6cyattn_13_kernels_avx2_##name
+    #elif defined(__GNUC__) && defined(__PYX_HAVE__cyattn___kernels_baseline)
+    #define CYATTN_KFN(name) __pyx_f_6cyattn_17_kernels_baseline_##name
+    #define CYATTN_KFUSED(i, name) __pyx_fuse_##i##__pyx_f_6cyattn_17_kernels_baseline_##name
+    #endif
+    #if defined(CYATTN_KFN)
+    static void CYATTN_KFN(micro_kernel_f32)(Py_ssize_t, float const *, float const *, float *,
+        Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, float, int) __attribute__((noinline));
+    static void CYATTN_KFN(micro_kernel_f64)(Py_ssize_t, double const *, double const *,
+        double *, Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, double, int)
+        __attribute__((noinline));
+    static void CYATTN_KFUSED(0, panel_online_softmax)(float *, Py_ssize_t, float *, float *,
+        float *) __attribute__((noinline));
+    static void CYATTN_KFUSED(1, panel_online_softmax)(double *, Py_ssize_t, double *,
+        double *, double *) __attribute__((noinline));
+    #endif
     #if defined(__FMA__)
     #define CYATTN_MULADD_F32(a, b, c) fmaf((a), (b), (c))
     #define CYATTN_MULADD_F64(a, b, c) fma((a), (b), (c))
