@@ -104,12 +104,12 @@ def log_softmax(x, axis=-1, *, mask=None):
     Parameters
     ----------
     x : nested list of float, any depth >= 1
-        The scores. A plain list of floats is 1-D. Not modified.
+        The scores, as in :func:`softmax` (a plain list of floats is 1-D; not modified).
     axis : int, default -1
-        The axis along which each row is normalised; negative values count from the end.
+        The axis of each row (negative values count from the end).
     mask : nested list of bool or of float, same shape as ``x``, optional
-        bool: True = the position takes part; a False position is never read and gets ``-inf``.
-        float: added to ``x`` before the log-softmax.
+        As in :func:`softmax`: bool True = take part (a False position is never read and gets
+        ``-inf``); float values are added to ``x`` before the log-softmax.
 
     Returns
     -------
@@ -120,10 +120,11 @@ def log_softmax(x, axis=-1, *, mask=None):
     Raises
     ------
     ValueError
-        If ``x`` is a scalar or ragged, ``axis`` is out of range, or ``mask`` has a different shape.
+        As :func:`softmax`: a scalar or ragged ``x``, an out-of-range ``axis``, or a ``mask`` of
+        another shape.
     TypeError
-        If ``axis`` is not an int, ``x`` holds non-real or bool entries, or ``mask`` holds integers,
-        a mix of bool and float, or other types.
+        As :func:`softmax`: a non-int ``axis``, non-real or bool entries in ``x``, or a ``mask``
+        holding integers, a mix of bool and float, or other types.
 
     Notes
     -----
