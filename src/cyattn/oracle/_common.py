@@ -55,6 +55,14 @@ def _unflatten(flat, shape, start=0):
     return [_unflatten(flat, shape[1:], start + i * inner) for i in range(shape[0])]
 
 
+def _nested_shape(value, name, expected):
+    """Shape of the nested list ``value``; ValueError saying it must be ``expected`` if it is not a
+    list or tuple (a scalar)."""
+    if not _is_seq(value):
+        raise ValueError(f"{name} must be {expected}; got {type(value).__name__}")
+    return _shape(value, name)
+
+
 def _as_float(value, name):
     """A data entry as a Python float: real numbers only, bool rejected."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -148,9 +156,7 @@ def _matrix(x, name, rows=None, cols=None):
     ``[]`` is accepted as a matrix with zero rows. ``rows`` / ``cols``, when not None, are the
     expected sizes (``cols`` is only checkable when there is at least one row).
     """
-    if not _is_seq(x):
-        raise ValueError(f"{name} must be a 2-D nested list; got {type(x).__name__}")
-    shape = _shape(x, name)
+    shape = _nested_shape(x, name, "a 2-D nested list")
     if len(shape) != 2 and shape != (0,):
         raise ValueError(f"{name} must be 2-D; got a nested list of shape {shape}")
     if rows is not None and len(x) != rows:
@@ -161,9 +167,7 @@ def _matrix(x, name, rows=None, cols=None):
 
 
 def _vector(x, name, length):
-    if not _is_seq(x):
-        raise ValueError(f"{name} must be a 1-D list; got {type(x).__name__}")
-    shape = _shape(x, name)
+    shape = _nested_shape(x, name, "a 1-D list")
     if shape != (length,):
         raise ValueError(f"{name} must have shape ({length},); got {shape}")
     return [_as_float(v, name) for v in x]

@@ -9,7 +9,7 @@ import math
 import numbers
 
 from ._common import (
-    _as_float, _check_batch, _flatten, _is_seq, _mask_kind, _matrix, _shape,
+    _as_float, _check_batch, _flatten, _is_seq, _mask_kind, _matrix, _nested_shape, _shape,
     _softmax_row, _split_batch, _sum,
 )
 
@@ -108,17 +108,25 @@ class _Variant:
         return score
 
 
-def _sdpa_2d(query, key, value, attn_mask, is_causal, scale, causal_alignment, value_dim,
-             options, per_batch):
-    q_rows = _matrix(query, "query")
+def _qkv_matrices(query, key, value, query_cols=None, widths=("E", "Ev")):
+    """``query``, ``key``, ``value`` as float matrices (``query_cols``: the width query must have,
+    if known); key and value must have the same number of rows. ``widths`` names the widths of
+    key and value in that error message."""
+    q_rows = _matrix(query, "query", cols=query_cols)
     k_rows = _matrix(key, "key")
     v_rows = _matrix(value, "value")
-    n_queries, n_keys = len(q_rows), len(k_rows)
-    if len(v_rows) != n_keys:
+    if len(v_rows) != len(k_rows):
         raise ValueError(
-            f"key has {n_keys} rows but value has {len(v_rows)}; expected key (S, E) and "
-            "value (S, Ev)"
+            f"key has {len(k_rows)} rows but value has {len(v_rows)}; expected key "
+            f"(S, {widths[0]}) and value (S, {widths[1]})"
         )
+    return q_rows, k_rows, v_rows
+
+
+def _sdpa_2d(query, key, value, attn_mask, is_causal, scale, causal_alignment, value_dim,
+             options, per_batch):
+    q_rows, k_rows, v_rows = _qkv_matrices(query, key, value)
+    n_queries, n_keys = len(q_rows), len(k_rows)
     e_query = len(q_rows[0]) if n_queries else None
     e_key = len(k_rows[0]) if n_keys else None
     if e_query is not None and e_key is not None and e_query != e_key:
@@ -130,12 +138,9 @@ def _sdpa_2d(query, key, value, attn_mask, is_causal, scale, causal_alignment, v
 
     keep = add = None
     if attn_mask is not None:
-        if not _is_seq(attn_mask):
-            raise ValueError(
-                f"attn_mask must be a nested list of shape (L, S) = ({n_queries}, {n_keys}); "
-                f"got {type(attn_mask).__name__}"
-            )
-        mask_shape = _shape(attn_mask, "attn_mask")
+        mask_shape = _nested_shape(
+            attn_mask, "attn_mask", f"a nested list of shape (L, S) = ({n_queries}, {n_keys})"
+        )
         expected = (n_queries, n_keys) if n_queries else (0,)
         if mask_shape != expected:
             raise ValueError(

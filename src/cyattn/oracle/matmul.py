@@ -2,6 +2,7 @@
 
 from ._common import _as_float, _check_batch, _is_seq, _matrix, _shape, _split_batch, _sum
 
+
 def _matmul_2d(a, b, out, alpha):
     a_rows = _matrix(a, "a")
     b_rows = _matrix(b, "b")

@@ -3,8 +3,9 @@
 import math
 import numbers
 
-from ._common import _flatten, _is_seq, _mask_kind, _matrix, _shape, _sum, _vector
-from .attention import _attend
+from ._common import _flatten, _is_seq, _mask_kind, _matrix, _nested_shape, _shape, _sum, _vector
+from .attention import _attend, _qkv_matrices
+
 
 def _linear(x_rows, weight_rows, bias):
     """``x W^T + b`` with each output element summed exactly (bias included in the sum)."""
@@ -27,9 +28,7 @@ def multi_head_attention(
     in_proj_bias=None,
     out_proj_weight,
     out_proj_bias=None,
-    q_proj_weight=None,
-    k_proj_weight=None,
-    v_proj_weight=None,
+    q_proj_weight=None, k_proj_weight=None, v_proj_weight=None,
     key_padding_mask=None,
     attn_mask=None,
     need_weights=True,
@@ -135,15 +134,8 @@ def multi_head_attention(
             f"query must be unbatched (L, E); got shape {_shape(query, 'query')}; call once per "
             "batch element"
         )
-    q_in = _matrix(query, "query", cols=embed_dim)
-    k_in = _matrix(key, "key")
-    v_in = _matrix(value, "value")
+    q_in, k_in, v_in = _qkv_matrices(query, key, value, embed_dim, widths=("kdim", "vdim"))
     n_queries, n_keys = len(q_in), len(k_in)
-    if len(v_in) != n_keys:
-        raise ValueError(
-            f"key has {n_keys} rows but value has {len(v_in)}; expected key (S, kdim) and "
-            "value (S, vdim)"
-        )
 
     separate = (q_proj_weight, k_proj_weight, v_proj_weight)
     if in_proj_weight is not None:
@@ -187,9 +179,7 @@ def multi_head_attention(
     any_float = False
     attn_add = None  # float attn_mask per head, summed with the float key_padding_mask below
     if attn_mask is not None:
-        if not _is_seq(attn_mask):
-            raise ValueError(f"attn_mask must be a nested list; got {type(attn_mask).__name__}")
-        mask_shape = _shape(attn_mask, "attn_mask")
+        mask_shape = _nested_shape(attn_mask, "attn_mask", "a nested list")
         if mask_shape == (num_heads, n_queries, n_keys) and len(mask_shape) == 3:
             per_head = [attn_mask[h] for h in range(num_heads)]
         elif mask_shape == (n_queries, n_keys) or (n_queries == 0 and mask_shape == (0,)):
@@ -212,12 +202,7 @@ def multi_head_attention(
             attn_add = [[[float(v) for v in row] for row in per_head[h]] for h in range(num_heads)]
     kpm_add = None
     if key_padding_mask is not None:
-        if not _is_seq(key_padding_mask):
-            raise ValueError(
-                f"key_padding_mask must be a list of shape (S,); got "
-                f"{type(key_padding_mask).__name__}"
-            )
-        kpm_shape = _shape(key_padding_mask, "key_padding_mask")
+        kpm_shape = _nested_shape(key_padding_mask, "key_padding_mask", "a list of shape (S,)")
         if kpm_shape != (n_keys,):
             raise ValueError(
                 f"key_padding_mask must have shape (S,) = ({n_keys},); got {kpm_shape}"

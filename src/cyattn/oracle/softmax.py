@@ -8,6 +8,7 @@ from ._common import (
     _softmax_row, _unflatten,
 )
 
+
 def _softmax_nd(x, axis, mask, want_log):
     if not _is_seq(x):
         raise ValueError(
