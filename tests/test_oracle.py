@@ -6,8 +6,10 @@ cases and on invariants, using only the standard library and pytest (no NumPy).
 
 import ast
 import doctest
+import importlib
 import inspect
 import math
+import pathlib
 import random
 import sys
 
@@ -740,22 +742,37 @@ def test_mha_errors():
 # ------------------------------------------------------------------------------------------
 
 
+def _oracle_modules():
+    """The package ``cyattn.oracle`` and each of its modules (found on disk, so none is missed)."""
+    folder = pathlib.Path(oracle.__file__).parent
+    names = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
+    assert names, "expected the oracle's modules beside its __init__.py"
+    return [oracle] + [importlib.import_module(f"cyattn.oracle.{name}") for name in names]
+
+
 def test_oracle_imports_only_the_standard_library():
-    tree = ast.parse(inspect.getsource(oracle))
     imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, "oracle.py must not import from its own package"
-            imported.add(node.module.split(".")[0])
-    assert imported, "expected at least the math import"
+    for module in _oracle_modules():
+        tree = ast.parse(inspect.getsource(module))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level:
+                # a relative import may only reach the oracle's own modules, not the rest of cyattn
+                assert node.level == 1, f"{module.__name__} imports from outside the oracle"
+            elif isinstance(node, ast.ImportFrom):
+                imported.add(node.module.split(".")[0])
+    assert "math" in imported, "expected at least the math import"
     assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
 
 
 def test_oracle_doctests():
-    result = doctest.testmod(oracle, optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0
+    attempted = 0
+    for module in _oracle_modules():
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0, module.__name__
+        attempted += result.attempted
+    assert attempted > 0
 
 
 def test_public_names():

@@ -189,6 +189,35 @@ def resolve_threads(n_threads, fname):
     return 1 if in_forked_child() else n
 
 
+def as_float_arrays(fname, **arrays):
+    """:func:`as_float_array` of each keyword argument in turn (its name is the argument's name);
+    returns the arrays as a tuple in the order given."""
+    return tuple(as_float_array(x, name, fname) for name, x in arrays.items())
+
+
+def check_bools(fname, **flags):
+    """:func:`check_bool` of each keyword argument in turn; returns the bools as a tuple."""
+    return tuple(check_bool(value, name, fname) for name, value in flags.items())
+
+
+def check_alignment(causal_alignment, fname):
+    """Raise ValueError unless ``causal_alignment`` is "top_left" or "bottom_right"."""
+    if causal_alignment not in ("top_left", "bottom_right"):
+        raise ValueError(f"{fname}: causal_alignment must be 'top_left' or 'bottom_right', "
+                         f"got {causal_alignment!r}")
+
+
+def query_key_dims(fname, query, key):
+    """``(L, E, S)`` of ``query`` (..., L, E) and ``key`` (..., S, E), both at least 2-D; raise
+    ValueError if their last dimensions E differ."""
+    L, E = query.shape[-2:]
+    S, Ek = key.shape[-2:]
+    if Ek != E:
+        raise ValueError(f"{fname}: query has E={E} (shape {query.shape}) but key has E={Ek} "
+                         f"(shape {key.shape}); expected equal last dimensions")
+    return L, E, S
+
+
 def require_matrices(fname, dims, **arrays):
     """Raise ValueError unless every array has at least 2 dimensions (``dims`` names them)."""
     for name, arr in arrays.items():

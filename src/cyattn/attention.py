@@ -9,7 +9,6 @@ from . import _validate as V
 __all__ = ["scaled_dot_product_attention"]
 
 _FNAME = "cyattn.scaled_dot_product_attention"
-_ALIGNMENTS = ("top_left", "bottom_right")
 _DECODE_MAX_L = 4        # the kernels' DECODE_MAX_L: at most this many query rows may decode
 _ndarray = np.ndarray
 _empty = np.empty
@@ -210,22 +209,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         if fast is not None:
             return fast
     f = _FNAME
-    query = V.as_float_array(query, "query", f)
-    key = V.as_float_array(key, "key", f)
-    value = V.as_float_array(value, "value", f)
-    is_causal = V.check_bool(is_causal, "is_causal", f)
-    enable_gqa = V.check_bool(enable_gqa, "enable_gqa", f)
-    return_lse = V.check_bool(return_lse, "return_lse", f)
-    if causal_alignment not in _ALIGNMENTS:
-        raise ValueError(f"{f}: causal_alignment must be 'top_left' or 'bottom_right', "
-                         f"got {causal_alignment!r}")
+    query, key, value = V.as_float_arrays(f, query=query, key=key, value=value)
+    is_causal, enable_gqa, return_lse = V.check_bools(
+        f, is_causal=is_causal, enable_gqa=enable_gqa, return_lse=return_lse)
+    V.check_alignment(causal_alignment, f)
     V.require_matrices(f, "..., length, dim", query=query, key=key, value=value)
-    L, E = query.shape[-2:]
-    S, Ek = key.shape[-2:]
+    L, E, S = V.query_key_dims(f, query, key)
     Sv, Ev = value.shape[-2:]
-    if Ek != E:
-        raise ValueError(f"{f}: query has E={E} (shape {query.shape}) but key has E={Ek} "
-                         f"(shape {key.shape}); expected equal last dimensions")
     if Sv != S:
         raise ValueError(f"{f}: key has S={S} rows (shape {key.shape}) but value has {Sv} "
                          f"(shape {value.shape}); expected equal")

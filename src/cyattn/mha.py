@@ -229,14 +229,11 @@ def multi_head_attention(query, key, value, *, num_heads, in_proj_weight=None,
     num_heads = int(num_heads)
     if num_heads <= 0:
         raise ValueError(f"{f}: num_heads must be positive, got {num_heads}")
-    need_weights = V.check_bool(need_weights, "need_weights", f)
-    average_attn_weights = V.check_bool(average_attn_weights, "average_attn_weights", f)
-    is_causal = V.check_bool(is_causal, "is_causal", f)
-    batch_first = V.check_bool(batch_first, "batch_first", f)
+    need_weights, average_attn_weights, is_causal, batch_first = V.check_bools(
+        f, need_weights=need_weights, average_attn_weights=average_attn_weights,
+        is_causal=is_causal, batch_first=batch_first)
 
-    query = V.as_float_array(query, "query", f)
-    key = V.as_float_array(key, "key", f)
-    value = V.as_float_array(value, "value", f)
+    query, key, value = V.as_float_arrays(f, query=query, key=key, value=value)
 
     # ---- parameters
     if out_proj_weight is None:

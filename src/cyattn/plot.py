@@ -19,6 +19,8 @@ import numbers
 
 import numpy as np
 
+from . import _validate as V
+
 try:
     import matplotlib
     import matplotlib.pyplot as plt
@@ -31,7 +33,6 @@ except ImportError as exc:                                   # pragma: no cover
 
 __all__ = ["attention_heatmap", "attention_heads", "mask_pattern", "mask_kinds_figure"]
 
-_ALIGNMENTS = ("top_left", "bottom_right")
 _MAX_TICKS = 40              # labels per axis before they are thinned to every k-th
 _EMPTY_ROW = "\u2205"        # the empty-set sign marks a fully masked row's tick label
 _EMPTY_ROW_COLOR = "tab:red"
@@ -68,26 +69,6 @@ def _labels(labels, n, name, axis_name, fname):
     return labels
 
 
-def _window(window, fname):
-    if window is None:
-        return None
-    if not isinstance(window, (tuple, list)) or len(window) != 2:
-        raise ValueError(f"{fname}: window must be a pair (left, right) of non-negative ints or "
-                         f"None, got {window!r}")
-    sides = []
-    for side, value in zip(("left", "right"), window):
-        if value is None:
-            sides.append(None)
-            continue
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{fname}: window {side} must be a non-negative int or None, got "
-                            f"{type(value).__name__}")
-        if value < 0:
-            raise ValueError(f"{fname}: window {side} must be >= 0 or None, got {value}")
-        sides.append(int(value))
-    return tuple(sides)
-
-
 def _keep(shape, attn_mask, is_causal, causal_alignment, window, fname, name="mask",
           target="the weights'"):
     """Bool array of ``shape`` (..., L, S): True where a key is visible to a query.
@@ -97,12 +78,9 @@ def _keep(shape, attn_mask, is_causal, causal_alignment, window, fname, name="ma
     window's key j is visible to query i iff ``p(i) - left <= j <= p(i) + right``, ``p(i) = i``
     for top_left and ``i + S - L`` for bottom_right). All compose by AND."""
     L, S = shape[-2:]
-    if not isinstance(is_causal, (bool, np.bool_)):
-        raise TypeError(f"{fname}: is_causal must be a bool, got {type(is_causal).__name__}")
-    if causal_alignment not in _ALIGNMENTS:
-        raise ValueError(f"{fname}: causal_alignment must be 'top_left' or 'bottom_right', got "
-                         f"{causal_alignment!r}")
-    window = _window(window, fname)
+    is_causal = V.check_bool(is_causal, "is_causal", fname)
+    V.check_alignment(causal_alignment, fname)
+    left, right = V.check_window(window, L + S + 1, fname)  # -1: an unbounded side
     keep = np.ones(shape, dtype=bool)
     if attn_mask is not None:
         m = np.asarray(attn_mask)
@@ -125,12 +103,10 @@ def _keep(shape, attn_mask, is_causal, causal_alignment, window, fname, name="ma
     j = np.arange(S)[None, :]
     if is_causal:
         keep &= j <= pos
-    if window is not None:
-        left, right = window
-        if left is not None:
-            keep &= j >= pos - left
-        if right is not None:
-            keep &= j <= pos + right
+    if left >= 0:
+        keep &= j >= pos - left
+    if right >= 0:
+        keep &= j <= pos + right
     return keep
 
 
@@ -280,12 +256,12 @@ def attention_heatmap(weights, *, mask=None, query_labels=None, key_labels=None,
     ------
     TypeError
         If ``weights`` is not a real array, ``mask`` is neither bool nor float, a label list
-        is a str, ``is_causal`` is not a bool, or a window side is not an int or None.
+        is a str, ``is_causal`` is not a bool, or ``window`` is not a pair of ints or None
+        (as in :func:`cyattn.scaled_dot_product_attention`).
     ValueError
         If ``weights`` is not 2-D (use :func:`attention_heads` for several heads), a label
         count does not match L or S, ``mask`` does not broadcast to (L, S),
-        ``causal_alignment`` is unknown or ``window`` is not a pair of non-negative ints or
-        None.
+        ``causal_alignment`` is unknown or a window side is negative.
     ImportError
         When this module is imported without matplotlib.
 

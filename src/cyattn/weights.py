@@ -20,7 +20,6 @@ from . import _validate as V
 __all__ = ["attention_weights"]
 
 _FNAME = "cyattn.attention_weights"
-_ALIGNMENTS = ("top_left", "bottom_right")
 
 
 def attention_weights(query, key, attn_mask=None, is_causal=False, scale=None, *,
@@ -125,19 +124,11 @@ def attention_weights(query, key, attn_mask=None, is_causal=False, scale=None, *
            [0.333, 0.333, 0.333]])
     """
     f = _FNAME
-    query = V.as_float_array(query, "query", f)
-    key = V.as_float_array(key, "key", f)
-    is_causal = V.check_bool(is_causal, "is_causal", f)
-    enable_gqa = V.check_bool(enable_gqa, "enable_gqa", f)
-    if causal_alignment not in _ALIGNMENTS:
-        raise ValueError(f"{f}: causal_alignment must be 'top_left' or 'bottom_right', "
-                         f"got {causal_alignment!r}")
+    query, key = V.as_float_arrays(f, query=query, key=key)
+    is_causal, enable_gqa = V.check_bools(f, is_causal=is_causal, enable_gqa=enable_gqa)
+    V.check_alignment(causal_alignment, f)
     V.require_matrices(f, "..., length, dim", query=query, key=key)
-    L, E = query.shape[-2:]
-    S, Ek = key.shape[-2:]
-    if Ek != E:
-        raise ValueError(f"{f}: query has E={E} (shape {query.shape}) but key has E={Ek} "
-                         f"(shape {key.shape}); expected equal last dimensions")
+    L, E, S = V.query_key_dims(f, query, key)
     batch, group = V.attention_batch_shape(f, enable_gqa, query, key=key)
     compute, result = V.float_dtypes(query, key)
     if scale is None:
