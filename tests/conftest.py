@@ -251,20 +251,26 @@ def _variant_per_batch(x, batch, default, dtype):
     return np.broadcast_to(np.asarray(x, dtype=dtype), batch)
 
 
+def _float64_broadcast_qkv(q, k, v, enable_gqa):
+    """q, k, v in float64 broadcast to the batch shape (GQA heads repeated), and that shape."""
+    q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
+    batch = sdpa_batch_shape(q, k, v, enable_gqa)
+    k, v = expand_kv_heads(q, k, v, enable_gqa)
+    L, E = q.shape[-2:]
+    S, Ev = v.shape[-2:]
+    return (np.broadcast_to(q, batch + (L, E)), np.broadcast_to(k, batch + (S, E)),
+            np.broadcast_to(v, batch + (S, Ev)), batch)
+
+
 def numpy_sdpa_variants(q, k, v, mask=None, is_causal=False, scale=None,
                         causal_alignment="top_left", enable_gqa=False, window=None, softcap=None,
                         sinks=None, alibi_slopes=None, key_lengths=None, query_lengths=None):
     """(out, lse) in float64 from dense NumPy arrays: a bool keep matrix (lengths, causal,
     window, bool mask), the explicit ALiBi bias, np.tanh for the softcap and an extra sink key
     column with a zero value row. Weights that are exactly 0 never multiply a value."""
-    q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
-    batch = sdpa_batch_shape(q, k, v, enable_gqa)
-    k, v = expand_kv_heads(q, k, v, enable_gqa)
+    q, k, v, batch = _float64_broadcast_qkv(q, k, v, enable_gqa)
     L, E = q.shape[-2:]
     S, Ev = v.shape[-2:]
-    q = np.broadcast_to(q, batch + (L, E))
-    k = np.broadcast_to(k, batch + (S, E))
-    v = np.broadcast_to(v, batch + (S, Ev))
     if scale is None:
         scale = 1.0 / math.sqrt(E) if E else 1.0
     n_keys = np.clip(_variant_per_batch(key_lengths, batch, S, np.int64), 0, S)[..., None, None]
@@ -326,14 +332,9 @@ def oracle_sdpa_variants(q, k, v, mask=None, is_causal=False, scale=None,
                          causal_alignment="top_left", enable_gqa=False, **variants):
     """(out, lse) of ``cyattn.oracle`` for NumPy inputs, one oracle call per batch entry with
     that entry's sink, slope and lengths as Python scalars."""
-    q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
-    batch = sdpa_batch_shape(q, k, v, enable_gqa)
-    k, v = expand_kv_heads(q, k, v, enable_gqa)
+    q, k, v, batch = _float64_broadcast_qkv(q, k, v, enable_gqa)
     L, E = q.shape[-2:]
     S, Ev = v.shape[-2:]
-    q = np.broadcast_to(q, batch + (L, E))
-    k = np.broadcast_to(k, batch + (S, E))
-    v = np.broadcast_to(v, batch + (S, Ev))
     if mask is not None:
         mask = np.broadcast_to(np.asarray(mask), batch + (L, S))
         if mask.dtype != np.bool_:
