@@ -55,14 +55,14 @@ _LONGDOUBLE_IS_DOUBLE = np.dtype(np.longdouble) == np.dtype(np.float64)   # MSVC
 
 BAD_DATA = [
     (np.array([[1, 2], [3, 4]], dtype=np.int64),
-     "has dtype int64; expected float16, float32 or float64"),
-    (np.array([[True, False]]), "has dtype bool; expected float16, float32 or float64"),
-    (np.array([[1 + 2j, 3j]]), "has dtype complex128; expected float16, float32 or float64"),
+     "has dtype int64; expected float16, bfloat16, float32 or float64"),
+    (np.array([[True, False]]), "has dtype bool; expected float16, bfloat16, float32 or float64"),
+    (np.array([[1 + 2j, 3j]]), "has dtype complex128; expected float16, bfloat16, float32 or float64"),
     (np.array([[1.0, None]], dtype=object),
-     "has dtype object; expected float16, float32 or float64"),
-    (np.array([[1, 2]], dtype=np.uint8), "has dtype uint8; expected float16, float32 or float64"),
+     "has dtype object; expected float16, bfloat16, float32 or float64"),
+    (np.array([[1, 2]], dtype=np.uint8), "has dtype uint8; expected float16, bfloat16, float32 or float64"),
     pytest.param(np.array([[1.0, 2.0]], dtype=np.longdouble),
-                 f"has dtype {np.dtype(np.longdouble)}; expected float16, float32 or float64",
+                 f"has dtype {np.dtype(np.longdouble)}; expected float16, bfloat16, float32 or float64",
                  marks=pytest.mark.skipif(_LONGDOUBLE_IS_DOUBLE,
                                           reason="long double is float64 on this platform")),
 ]
@@ -196,8 +196,9 @@ def test_matmul_bad_input_dtype(which, bad, msg):
 @pytest.mark.parametrize("dt", [np.int64, np.bool_, np.complex128, np.int8])
 def test_matmul_bad_out_dtype(dt):
     out = np.zeros((2, 2), dt)
-    raises_cleanly(TypeError, f"{MM}: out has dtype {np.dtype(dt)}; expected float16, float32 "
-                              f"or float64", cyattn.matmul_accumulate, f64(2, 3), f64(3, 2), out)
+    raises_cleanly(TypeError, f"{MM}: out has dtype {np.dtype(dt)}; expected float16, bfloat16, "
+                              f"float32 or float64", cyattn.matmul_accumulate, f64(2, 3),
+                   f64(3, 2), out)
 
 
 @pytest.mark.parametrize("alpha,tname", [(1j, "complex"), ("2", "str"), (None, "NoneType"),
@@ -501,7 +502,7 @@ def test_byte_swapped_floats_are_accepted():
 
 
 def test_non_integer_dtype_message_has_no_integer_hint():
-    with pytest.raises(TypeError, match=r"complex128; expected float16, float32 or float64$"):
+    with pytest.raises(TypeError, match=r"complex128; expected float16, bfloat16, float32 or float64$"):
         cyattn.softmax(np.ones(3, np.complex128))
 
 

@@ -582,7 +582,7 @@ FN_ERRORS = [
     ("not divisible", _set(num_heads=3),
      ValueError, r"embed_dim E=4 \(from out_proj_weight\) must be divisible by num_heads=3"),
     ("int query", lambda q, k, v, kw: (q.astype(np.int64), k, v, kw),
-     TypeError, "query has dtype int64; expected float16, float32 or float64"),
+     TypeError, "query has dtype int64; expected float16, bfloat16, float32 or float64"),
     ("bool key", lambda q, k, v, kw: (q, k > 0, v, kw),
      TypeError, "key has dtype bool"),
     ("complex value", lambda q, k, v, kw: (q, k, v.astype(complex), kw),

@@ -17,6 +17,15 @@ from ._backend import in_forked_child, max_threads
 _FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
+def is_bfloat16(dtype):
+    """True for ``ml_dtypes.bfloat16`` (recognised by name: ml_dtypes stays optional)."""
+    return dtype.name == "bfloat16" and dtype.itemsize == 2
+
+
+def _is_float(dtype):
+    return dtype in _FLOATS or is_bfloat16(dtype)
+
+
 def as_float_array(x, name, fname):
     """``x`` as an ndarray of a supported float dtype (no copy when it already is one)."""
     if isinstance(x, np.ndarray):
@@ -27,17 +36,27 @@ def as_float_array(x, name, fname):
         except (TypeError, ValueError) as exc:
             raise TypeError(f"{fname}: {name} could not be converted to an array ({exc}); "
                             f"expected an array of float16, float32 or float64") from None
-    if arr.dtype not in _FLOATS:
+    if not _is_float(arr.dtype):
         if arr.dtype.kind == "f" and arr.dtype.newbyteorder("=") in _FLOATS:
             return arr.astype(arr.dtype.newbyteorder("="))      # byte-swapped: native copy
         hint = " (cast integer data explicitly)" if arr.dtype.kind in "biu" else ""
-        raise TypeError(f"{fname}: {name} has dtype {arr.dtype}; expected float16, float32 or "
-                        f"float64{hint}")
+        raise TypeError(f"{fname}: {name} has dtype {arr.dtype}; expected float16, bfloat16, "
+                        f"float32 or float64{hint}")
     return arr
 
 
 def float_dtypes(*arrays):
-    """(compute dtype, result dtype) for float arrays: float16 computes in float32."""
+    """(compute dtype, result dtype) for float arrays: float16 and bfloat16 compute in float32.
+
+    Promotion is NumPy's, with bfloat16 (ml_dtypes) joining as a half format: bfloat16 with
+    bfloat16 stays bfloat16; with float16 or float32 it gives float32, with float64 float64."""
+    dtypes = [a.dtype for a in arrays]
+    if any(is_bfloat16(d) for d in dtypes):
+        if all(is_bfloat16(d) for d in dtypes):
+            return np.dtype(np.float32), dtypes[0]
+        result = np.result_type(*(np.float32 if is_bfloat16(d) or d == np.float16 else d
+                                  for d in dtypes))
+        return result, result
     result = np.result_type(*arrays)
     compute = np.dtype(np.float32) if result == np.float16 else result
     return compute, result
@@ -95,7 +114,7 @@ def prepare_mask(mask, name, fname, compute_dtype, bool_meaning="True = take par
         return 1, arr.view(np.uint8)
     if arr.dtype.kind == "f" and not arr.dtype.isnative and arr.dtype.newbyteorder() in _FLOATS:
         arr = arr.astype(arr.dtype.newbyteorder())           # byte-swapped floats: convert
-    if arr.dtype in _FLOATS:
+    if _is_float(arr.dtype):
         if arr.dtype.itemsize > compute_dtype.itemsize:
             # Finite values beyond the compute dtype's range saturate at its largest finite
             # value instead of overflowing to -inf: a finite additive mask never masks.

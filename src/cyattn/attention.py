@@ -61,8 +61,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     key : array_like of float, shape (..., S, E)
     value : array_like of float, shape (..., S, Ev)
         Batch dimensions (``...``, e.g. batch and heads) broadcast like :func:`numpy.matmul`.
-        float32 and float64 are computed natively, float16 in float32 (returned as float16);
-        mixed float dtypes promote with ``np.result_type``.
+        float32 and float64 are computed natively, float16 and bfloat16 (``ml_dtypes``) in
+        float32 (returned in their dtype); mixed float dtypes promote with ``np.result_type``
+        (bfloat16 with float16 gives float32).
     attn_mask : array_like of bool or float, optional
         Broadcastable to ``(..., L, S)`` without enlarging the result. **bool**: True = the
         query may attend to the key (PyTorch SDPA convention); a False position gets exactly

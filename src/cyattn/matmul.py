@@ -54,7 +54,7 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
     Raises
     ------
     TypeError
-        If ``a``, ``b`` or ``out`` is not float16/float32/float64, ``alpha`` is not a real
+        If ``a``, ``b`` or ``out`` is not float16/bfloat16/float32/float64, ``alpha`` is not a real
         number or ``n_threads`` is not an int.
     ValueError
         If an operand has fewer than 2 dimensions, the inner dimensions differ, the batch
@@ -66,8 +66,8 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
     BLIS-style blocking (Van Zee and van de Geijn, "BLIS: A Framework for Rapidly
     Instantiating BLAS Functionality", ACM TOMS 2015): packed panels of ``a`` and ``b``, a
     register-blocked micro-kernel, cache blocks over M, N and K. Threads split the output
-    tiles only, never K, so the result is bit-identical for any thread count. float16 is
-    accumulated in float32. The GIL is released while the kernel runs.
+    tiles only, never K, so the result is bit-identical for any thread count. float16 and
+    bfloat16 are accumulated in float32. The GIL is released while the kernel runs.
 
     Examples
     --------

@@ -72,9 +72,9 @@ def softmax(x, axis=-1, *, mask=None, out=None):
 
     Parameters
     ----------
-    x : array_like of float16, float32 or float64, shape (..., n, ...)
-        Logits. float32 and float64 are computed natively; float16 is computed in float32
-        and returned as float16.
+    x : array_like of float16, bfloat16, float32 or float64, shape (..., n, ...)
+        Logits. float32 and float64 are computed natively; float16 and bfloat16
+        (``ml_dtypes``) are computed in float32 and returned in their dtype.
     axis : int, optional
         Axis to normalise over (default -1, negative values count from the end).
     mask : array_like of bool or float, optional
@@ -90,7 +90,7 @@ def softmax(x, axis=-1, *, mask=None, out=None):
     Returns
     -------
     ndarray
-        Same shape as ``x``, dtype float32/float64 as ``x`` (float16 for float16). Each
+        Same shape as ``x``, dtype float32/float64 as ``x`` (float16/bfloat16 for those). Each
         non-empty row sums to 1 (up to rounding).
 
     Raises
@@ -138,8 +138,8 @@ def log_softmax(x, axis=-1, *, mask=None, out=None):
 
     Parameters
     ----------
-    x : array_like of float16, float32 or float64
-        Logits (float16 is computed in float32 and returned as float16).
+    x : array_like of float16, bfloat16, float32 or float64
+        Logits (float16 and bfloat16 are computed in float32, returned in their dtype).
     axis : int, optional
         Axis to normalise over (default -1).
     mask : array_like of bool or float, optional

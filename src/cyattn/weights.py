@@ -37,7 +37,7 @@ def attention_weights(query, key, attn_mask=None, is_causal=False, scale=None, *
     query : array_like of float, shape (..., L, E)
     key : array_like of float, shape (..., S, E)
         Batch dimensions broadcast like :func:`numpy.matmul`. float32 and float64 are computed
-        natively, float16 in float32 (returned as float16); mixed float dtypes promote with
+        natively, float16 and bfloat16 in float32 (returned in their dtype); mixed float dtypes promote with
         ``np.result_type``.
     attn_mask : array_like of bool or float, optional
         Broadcastable to ``(..., L, S)`` without enlarging the result. **bool**: True = the
@@ -70,7 +70,7 @@ def attention_weights(query, key, attn_mask=None, is_causal=False, scale=None, *
     Returns
     -------
     weights : ndarray, shape (..., L, S)
-        Dtype float32/float64 as the promoted inputs (float16 for float16). Removed positions
+        Dtype float32/float64 as the promoted inputs (float16/bfloat16 for those). Removed positions
         are exactly 0; each row with a permitted finite score sums to 1 (up to rounding;
         ``1 - exp(sink - lse)`` with a sink); a fully masked row is all 0.
 
