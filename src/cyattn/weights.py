@@ -37,8 +37,8 @@ def attention_weights(query, key, attn_mask=None, is_causal=False, scale=None, *
     query : array_like of float, shape (..., L, E)
     key : array_like of float, shape (..., S, E)
         Batch dimensions broadcast like :func:`numpy.matmul`. float32 and float64 are computed
-        natively, float16 and bfloat16 in float32 (returned in their dtype); mixed float dtypes promote with
-        ``np.result_type``.
+        natively, float16 and bfloat16 in float32 (returned in their dtype); mixed float
+        dtypes promote with ``np.result_type`` (bfloat16 with float16 gives float32).
     attn_mask : array_like of bool or float, optional
         Broadcastable to ``(..., L, S)`` without enlarging the result. **bool**: True = the
         query may attend to the key; a False position gets weight exactly 0 and its score is
