@@ -14,7 +14,9 @@ import numpy as np
 
 from .machine import read_once
 
-IMPLS = ("cyattn", "numpy", "torch")
+IMPLS = ("cyattn", "numpy", "torch", "ort", "jax")       # ort: ONNX Runtime
+PEERS = ("torch", "ort", "jax")                          # the optional ones
+CHECK_RTOL, CHECK_ATOL = 2e-3, 2e-4      # a peer agrees with cyattn (float32 results)
 KV_READ = "read K+V"         # decode only: NumPy reading K and V once, the bandwidth yardstick
 FULL_GROUPS = ("softmax", "matmul", "sdpa", "decode", "tiny")
 SOFTMAX_L = (128, 512, 2048)                       # x of shape (8, 128, L)
@@ -200,12 +202,18 @@ def prepare(spec, impls=IMPLS, seed=0):
 
     ``make(n_threads)`` -> dict impl -> zero-argument callable (the timed call);
     ``reference()`` -> dict impl -> zero-argument callable returning a result to compare
-    (differs from the timed call only for matmul, whose timed call accumulates in place).
-    Inputs are random (seeded by ``seed`` and the case name), float32.
+    (differs from the timed call for matmul, whose timed call accumulates in place, and for the
+    peers that return their result in another layout). Peers in ``impls`` that are not
+    installed are left out; a peer whose call cannot be built gets a callable that raises the
+    error (reported by :func:`check_case`). Inputs are random (seeded by ``seed`` and the case
+    name), float32.
     """
+    from . import peers
     rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
     torch = torch_module() if "torch" in impls else None
-    impls = tuple(i for i in impls if i != "torch" or torch is not None)
+    available = {"torch": lambda: torch is not None, "ort": lambda: peers.ort_module() is not None,
+                 "jax": lambda: peers.jax_module() is not None}
+    impls = tuple(i for i in impls if i not in available or available[i]())
     builder = {"softmax": _prepare_softmax, "matmul": _prepare_matmul}.get(spec.group,
                                                                           _prepare_attention)
     make, reference = builder(spec, impls, rng, torch)
@@ -216,8 +224,29 @@ def _keep(d, impls):
     return {k: f for k, f in d.items() if k in impls}
 
 
+def _add_peers(timed, results, impls, builders):
+    """Add the (call, result) pairs of ``builders`` (peer -> zero-argument builder) that are in
+    ``impls`` to the dicts ``timed`` and ``results`` (either may be None); a builder that raises
+    gives callables that raise its error."""
+    for name, build in builders.items():
+        if name not in impls:
+            continue
+        try:
+            call, result = build()
+        except Exception as exc:  # reported by check_case, never timed
+            def call(exc=exc):
+                raise exc
+            result = call
+        if timed is not None:
+            timed[name] = call
+        if results is not None:
+            results[name] = result
+
+
 def _prepare_softmax(spec, impls, rng, torch):
     import cyattn
+
+    from . import peers
     x = rng.standard_normal(spec.shape, dtype=np.float32)
     mask = None
     if spec.kind == "mask":
@@ -228,10 +257,11 @@ def _prepare_softmax(spec, impls, rng, torch):
 
     # cyattn writes into a preallocated out= (rows in cache, the issue's measure): a fresh
     # 4 MiB NumPy result costs ~1000 page faults per call, more than the softmax itself, while
-    # torch's caching allocator hands back the same block. NumPy's reference allocates.
+    # torch's caching allocator hands back the same block. ONNX Runtime writes into a
+    # preallocated output too (IOBinding). NumPy's reference allocates.
     out = np.empty_like(x)
 
-    def make(n_threads):
+    def own():
         d = {"cyattn": lambda: cyattn.softmax(x, mask=mask, out=out)}
         if mask is not None:
             d["numpy"] = lambda: np_masked_softmax(x, mask)
@@ -241,12 +271,28 @@ def _prepare_softmax(spec, impls, rng, torch):
             d["numpy"] = lambda: np_softmax(x)
             if torch is not None:
                 d["torch"] = lambda: torch.softmax(xt, -1)
+        return d
+
+    def builders(n_threads):
+        return {"ort": lambda: peers.ort_softmax(x, mask, n_threads),
+                "jax": lambda: peers.jax_softmax(x, mask)}
+
+    def make(n_threads):
+        d = own()
+        _add_peers(d, None, impls, builders(n_threads))
         return _keep(d, impls)
-    return make, lambda: make(None)
+
+    def reference():
+        d = own()
+        _add_peers(None, d, impls, builders(1))
+        return _keep(d, impls)
+    return make, reference
 
 
 def _prepare_matmul(spec, impls, rng, torch):
     import cyattn
+
+    from . import peers
     n = spec.shape[0]
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
@@ -254,11 +300,18 @@ def _prepare_matmul(spec, impls, rng, torch):
     if torch is not None:
         at, bt, ot = torch.from_numpy(a), torch.from_numpy(b), torch.zeros((n, n))
 
+    def builders(n_threads):
+        # c stays zeros: the peers return c + a @ b in a new (or their own) array
+        zeros = np.zeros((n, n), np.float32)
+        return {"ort": lambda: peers.ort_matmul_accumulate(a, b, zeros, n_threads),
+                "jax": lambda: peers.jax_matmul_accumulate(a, b, zeros)}
+
     def make(n_threads):
         d = {"cyattn": lambda: cyattn.matmul_accumulate(a, b, oc, n_threads=n_threads),
              "numpy": lambda: on.__iadd__(a @ b)}
         if torch is not None:
             d["torch"] = lambda: ot.add_(torch.matmul(at, bt))
+        _add_peers(d, None, impls, builders(n_threads))
         return _keep(d, impls)
 
     def reference():
@@ -266,6 +319,7 @@ def _prepare_matmul(spec, impls, rng, torch):
              "numpy": lambda: a @ b}
         if torch is not None:
             d["torch"] = lambda: torch.matmul(at, bt)
+        _add_peers(None, d, impls, builders(1))
         return _keep(d, impls)
     return make, reference
 
@@ -281,6 +335,8 @@ def padding_keep(B, S):
 
 def _prepare_attention(spec, impls, rng, torch):
     import cyattn
+
+    from . import peers
     B, H, L, S, E = spec.shape
     q = rng.standard_normal((B, H, L, E), dtype=np.float32)
     k = rng.standard_normal((B, H, S, E), dtype=np.float32)
@@ -299,22 +355,37 @@ def _prepare_attention(spec, impls, rng, torch):
         qt, kt, vt = (torch.from_numpy(t) for t in (q, k, v))
         mt = torch.from_numpy(keep) if keep is not None else None
 
-    def make(n_threads):
+    def own(n_threads):
         d = {"cyattn": lambda: cyattn.scaled_dot_product_attention(
                  q, k, v, attn_mask=keep, is_causal=causal, n_threads=n_threads),
              "numpy": lambda: np_attention(q, k, v, scale, add)}
         if torch is not None:
             d["torch"] = lambda: F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mt,
                                                                  is_causal=causal)
+        return d
+
+    def builders(n_threads):
+        return {"ort": lambda: peers.ort_attention(q, k, v, keep, causal, scale, n_threads),
+                "jax": lambda: peers.jax_attention(q, k, v, keep, causal, scale)}
+
+    def make(n_threads):
+        d = own(n_threads)
+        _add_peers(d, None, impls, builders(n_threads))
         if spec.group == "decode" and KV_READ in impls:
             d[KV_READ] = read_once([k, v], n_threads or 1)
         return _keep(d, impls)
-    return make, lambda: _keep(make(None), IMPLS)
+
+    def reference():
+        d = own(None)
+        _add_peers(None, d, impls, builders(1))
+        return _keep(d, impls)
+    return make, reference
 
 
-def check_case(reference):
+def check_case(reference, details=None):
     """Run each reference call once: (names whose result differs from cyattn's, dict name ->
-    error message for those that raised)."""
+    error message for those that raised). ``details``, a dict, receives name -> what differs
+    for each differing result (shape, or the largest difference and the tolerances)."""
     results, errors = {}, {}
     for name, fn in reference().items():
         try:
@@ -322,8 +393,23 @@ def check_case(reference):
         except Exception as exc:  # a failing implementation is reported, not fatal
             errors[name] = f"{type(exc).__name__}: {exc}"
     ref = results.get("cyattn")
-    differs = [] if ref is None else [
-        name for name, r in results.items()
-        if name != "cyattn" and (r.shape != ref.shape or
-                                 not np.allclose(r, ref, rtol=2e-3, atol=2e-4))]
+    differs = []
+    for name, r in ([] if ref is None else results.items()):
+        if name == "cyattn":
+            continue
+        if r.shape != ref.shape:
+            why = f"result of shape {r.shape}, cyattn's is {ref.shape}"
+        elif not np.allclose(r, ref, rtol=CHECK_RTOL, atol=CHECK_ATOL):
+            with np.errstate(invalid="ignore"):
+                d = np.abs(r.astype(np.float64) - ref)
+            d = d[~np.isnan(d)]
+            diff = float(d.max()) if d.size else float("nan")
+            nans = int(np.isnan(r).sum()) - int(np.isnan(ref).sum())
+            why = (f"max |difference from cyattn| {diff:.3g} (rtol {CHECK_RTOL:g}, atol "
+                   f"{CHECK_ATOL:g})" + (f", {nans} more NaN" if nans else ""))
+        else:
+            continue
+        differs.append(name)
+        if details is not None:
+            details[name] = why
     return differs, errors

@@ -62,6 +62,10 @@ def add_full_arguments(parser, common=True):
                         help="skip the peak-memory measurements (fresh processes)")
     parser.add_argument("--no-torch", action="store_true",
                         help="leave PyTorch out even if it is installed")
+    parser.add_argument("--no-ort", action="store_true",
+                        help="leave ONNX Runtime out even if it is installed")
+    parser.add_argument("--no-jax", action="store_true",
+                        help="leave JAX out even if it is installed")
     parser.add_argument("--no-plot", action="store_true", help="do not write the PNG plot")
     parser.add_argument("--outdir", default=None,
                         help="directory for latest.md, latest.json and the PNG (default: "
@@ -110,7 +114,8 @@ def full_main(args, rerun_args, outdir=None, out=None):
     target = target if args.min_time is None else args.min_time
     outdir = Path(args.outdir or outdir or default_outdir())
     result = run_full(specs, threads=args.threads, samples=samples, target=target, pause=pause,
-                      use_torch=not args.no_torch, memory=not args.no_memory, notes=notes)
+                      use_torch=not args.no_torch, use_ort=not args.no_ort,
+                      use_jax=not args.no_jax, memory=not args.no_memory, notes=notes)
     text = render_markdown(result)
     outdir.mkdir(parents=True, exist_ok=True)
     md, js = outdir / "latest.md", outdir / "latest.json"

@@ -1,5 +1,7 @@
 """Machine measurements: the single-core FMA peak (the loaded kernels' ``fma_probe``), the
-streaming read bandwidth (NumPy reductions over one or several threads) and the CPU's name."""
+best sgemm rate (NumPy's BLAS and cyattn.matmul_accumulate), the streaming read bandwidth
+(NumPy reductions over one or several threads) and the CPU's name. They are the limits the
+report divides each case's rate by."""
 import math
 import platform
 import time
@@ -63,6 +65,36 @@ def measure_read_bandwidth(nbytes, n_threads=1, repeats=7):
         read()
         best = min(best, time.perf_counter() - t0)
     return a.nbytes / best / 1e9
+
+
+SGEMM_N = 1024                  # the sgemm rate is measured on n x n x n float32 products
+
+
+def measure_sgemm(n_threads=1, n=SGEMM_N, repeats=5):
+    """GFLOP/s of an ``n``-cubed float32 product at ``n_threads`` threads: dict with "numpy"
+    (``np.matmul(a, b, out=c)``, its BLAS pinned with threadpoolctl when installed) and "cyattn"
+    (``cyattn.matmul_accumulate``), each the best of ``repeats`` timed calls after one
+    untimed call."""
+    import cyattn
+
+    from .timing import thread_limits
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    c = np.zeros((n, n), np.float32)
+    calls = {"numpy": lambda: np.matmul(a, b, out=c),
+             "cyattn": lambda: cyattn.matmul_accumulate(a, b, c, n_threads=n_threads)}
+    out = {}
+    with thread_limits(n_threads):
+        for name, fn in calls.items():
+            fn()
+            best = math.inf
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                fn()
+                best = min(best, time.perf_counter() - t0)
+            out[name] = 2.0 * n ** 3 / best / 1e9
+    return out
 
 
 def _cpu_name():

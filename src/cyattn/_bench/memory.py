@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from .cases import Spec, prepare, torch_module
+from .peers import JAX_ENV
 from .timing import child_env, thread_limits
 
 _MEM_MARK = "CYATTN_BENCH_MEMORY "
@@ -73,8 +74,8 @@ def measure_memory(spec, impl, n_threads, timeout=1800):
             "memory._memory_child(sys.argv[1], sys.argv[2], int(sys.argv[3]))")
     try:
         proc = subprocess.run([sys.executable, "-c", code, json.dumps(spec.to_json()), impl,
-                               str(n_threads)], env=child_env(), capture_output=True, text=True,
-                              timeout=timeout)
+                               str(n_threads)], env=child_env(extra={JAX_ENV: str(n_threads)}),
+                              capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s"}
     for line in proc.stdout.splitlines():

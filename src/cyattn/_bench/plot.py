@@ -1,7 +1,8 @@
 """The bench plot (sdpa_gflops.png): SDPA GFLOP/s against sequence length per implementation and
-thread count, one panel per mask kind. Needs matplotlib (skipped without it)."""
+thread count, one panel per mask kind, with the FMA peak x threads and the best sgemm rate as
+horizontal lines. Needs matplotlib (skipped without it)."""
 from .cases import HEAD_DIM, SDPA_KINDS
-from .report import _Row
+from .report import _best_sgemm, _Row
 
 PLOT_NAME = "sdpa_gflops.png"
 
@@ -23,7 +24,7 @@ def write_plot(result, path):
         return None
     fig, axes = plt.subplots(1, len(kinds), figsize=(5.2 * len(kinds), 4.4), sharey=True,
                              squeeze=False)
-    colors = {"cyattn": "C0", "numpy": "C1", "torch": "C2"}
+    colors = {"cyattn": "C0", "numpy": "C1", "torch": "C2", "ort": "C3", "jax": "C4"}
     styles = ["-", "--", ":", "-."]
     per_len = {}
     for r in sdpa:                       # per T, plot the case with the most heads x batch
@@ -47,6 +48,12 @@ def write_plot(result, path):
                 ax.axhline(peak * n, color="0.6", linewidth=0.8,
                            linestyle=styles[ti % len(styles)],
                            label=f"FMA peak × {n}" if ax is axes[0][0] else None)
+        for ti, n in enumerate(meta["threads"]):
+            best = _best_sgemm(meta, n)
+            if best:
+                ax.axhline(best, color="0.25", linewidth=0.8, linestyle=styles[ti % len(styles)],
+                           label=f"best sgemm, {n} thread{'s' if n != 1 else ''}"
+                           if ax is axes[0][0] else None)
         ax.set_xscale("log", base=2)
         ticks = sorted(per_len)
         ax.set_xticks(ticks)
@@ -59,10 +66,10 @@ def write_plot(result, path):
     axes[0][0].set_ylabel("GFLOP/s")
     axes[0][0].legend(fontsize=7, loc="best")
     bh = ", ".join(f"T={t}: {per_len[t]}" for t in sorted(per_len))
-    fig.suptitle(f"cyattn {meta['variant']} vs numpy" + (" vs torch" if "torch" in meta["impls"]
-                                                         else "")
-                 + f", float32, {meta['cpu']}, {meta['date']}\nB·H per point: {bh}",
-                 fontsize=9)
+    names = " vs ".join(meta["impls"][1:]) + (" (ort = ONNX Runtime)" if "ort" in meta["impls"]
+                                              else "")
+    fig.suptitle(f"cyattn {meta['variant']} vs {names}, float32, {meta['cpu']}, "
+                 f"{meta['date']}\nB·H per point: {bh}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

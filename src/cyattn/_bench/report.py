@@ -1,9 +1,10 @@
-"""The Markdown report of a full-harness result (latest.md): the header with the machine, the
-targets table, one table per case group, peak memory; and the number formats it uses."""
+"""The Markdown report of a full-harness result (latest.md): the header with the machine and
+the peers' versions, the targets table, one table per case group, each case's fraction of the
+machine limit, peak memory; and the number formats it uses."""
 import math
 import statistics
 
-from .cases import _MIB, KV_READ, Spec
+from .cases import _MIB, KV_READ, PEERS, Spec
 from .timing import paired_ratio, summary
 
 
@@ -72,14 +73,36 @@ class _Row:
         bw = self.meta.get("bandwidth_gbs", {}).get(str(self.threads))
         return 100.0 * g / bw if g is not None and bw else None
 
+    def pct_sgemm(self, impl):
+        """Percent of the best sgemm rate at this thread count (NumPy's BLAS or cyattn's
+        matmul_accumulate, whichever was faster)."""
+        g = self.gflops(impl)
+        best = _best_sgemm(self.meta, self.threads)
+        return 100.0 * g / best if g is not None and best else None
+
+    def bytes_moved(self):
+        """Softmax: bytes of x and the mask read plus the result written, once each."""
+        if self.spec.group != "softmax":
+            return None
+        n = self.spec.elements
+        return n * 4 * 2 + (n if self.spec.kind == "mask" else 0)
+
+    def pct_read_bandwidth(self, impl):
+        """Softmax: bytes moved / time as a percent of the streaming read bandwidth at this
+        thread count (rows of a few MiB stay partly in cache, so this can pass 100 %)."""
+        m, nbytes = self.median(impl), self.bytes_moved()
+        bw = self.meta.get("bandwidth_gbs", {}).get(str(self.threads))
+        return 100.0 * nbytes / m / 1e9 / bw if m and nbytes and bw else None
+
     def time_cell(self, impl):
+        if impl in self.row.get("differs", ()):
+            return "wrong result"
         if impl in self.row.get("errors", {}):
             return "error"
         if not self.has(impl):
             return "-"
         med, lo, hi = summary(self.times[impl])
-        return fmt_time(med, lo, hi) + (" (differs!)" if impl in self.row.get("differs", ())
-                                        else "")
+        return fmt_time(med, lo, hi)
 
     def rate_cell(self, impl):
         g = self.spec.group
@@ -92,6 +115,11 @@ class _Row:
             return f"{_sig(self.kv_gbs(impl))}" + (f" ({pct:.0f} %)" if pct is not None else "")
         pct = self.pct_peak(impl)
         return f"{_sig(self.gflops(impl))}" + (f" ({pct:.0f} %)" if pct is not None else "")
+
+
+def _best_sgemm(meta, threads):
+    rates = (meta.get("sgemm_gflops") or {}).get(str(threads))
+    return max(rates.values()) if rates else None
 
 
 def _ns(v):
@@ -110,7 +138,7 @@ def _geomean(values):
 def _targets(rows, mem, meta):
     """Rows (target, case, {threads: cell}) of the summary table."""
     impls = meta["impls"]
-    has_torch = "torch" in impls
+    peers = [i for i in impls if i in PEERS]
     by = {}
     for r in rows:
         by.setdefault(r.spec.name, {})[r.threads] = r
@@ -151,14 +179,22 @@ def _targets(rows, mem, meta):
     def is_sdpa(kind, lo=0, hi=math.inf):
         return lambda s: s.group == "sdpa" and s.kind == kind and lo <= s.seq_len <= hi
 
-    if has_torch:
-        add("SDPA T ≥ 512 vs torch", is_sdpa("dense", 512), vs("torch", gf, " GFLOP/s"),
-            geomean_of=lambda r: r.ratio("torch"))
-        add("SDPA (8,8,128) vs torch", lambda s: s.group == "sdpa" and s.kind == "dense"
-            and s.shape[:3] == (8, 8, 128), vs("torch", gf, " GFLOP/s"))
-        add("SDPA causal T = 512..2048 vs torch causal", is_sdpa("causal", 512, 2048),
-            vs("torch", gf, " GFLOP/s"), geomean_of=lambda r: r.ratio("torch"))
-        add("decode vs torch", lambda s: s.group == "decode", vs("torch", tm))
+    for peer in peers:
+        add(f"SDPA T ≥ 512 vs {peer}", is_sdpa("dense", 512), vs(peer, gf, " GFLOP/s"),
+            geomean_of=lambda r, peer=peer: r.ratio(peer))
+        add(f"SDPA (8,8,128) vs {peer}", lambda s: s.group == "sdpa" and s.kind == "dense"
+            and s.shape[:3] == (8, 8, 128), vs(peer, gf, " GFLOP/s"))
+        add(f"SDPA causal T = 512..2048 vs {peer} causal", is_sdpa("causal", 512, 2048),
+            vs(peer, gf, " GFLOP/s"), geomean_of=lambda r, peer=peer: r.ratio(peer))
+        add(f"decode vs {peer}", lambda s: s.group == "decode", vs(peer, tm))
+
+    def sgemm_cell(r):
+        pct, best = r.pct_sgemm("cyattn"), _best_sgemm(meta, r.threads)
+        if pct is None:
+            return "-"
+        return f"**{pct:.0f} %** (cyattn {_sig(r.gflops('cyattn'))} of {_sig(best)} GFLOP/s)"
+    if meta.get("sgemm_gflops"):
+        add("SDPA T ≥ 512: % of the best sgemm rate", is_sdpa("dense", 512), sgemm_cell)
 
     def bw_cell(r):
         parts = []
@@ -181,14 +217,14 @@ def _targets(rows, mem, meta):
         if m is None:
             return "-"
         txt = f"**{_sig(m * 1e6)} µs**"
-        if has_torch and r.has("torch"):
-            txt += f" (torch {_sig(r.median('torch') * 1e6)} µs: **{r.ratio('torch'):.2f}×**)"
-        return txt
-    add("tiny: µs per call" + (", vs torch" if has_torch else ""),
+        others = [f"{p} {_sig(r.median(p) * 1e6)} µs: **{r.ratio(p):.2f}×**" for p in peers
+                  if r.has(p)]
+        return txt + (f" ({'; '.join(others)})" if others else "")
+    add("tiny: µs per call" + (", vs " + ", ".join(peers) if peers else ""),
         lambda s: s.group == "tiny", tiny_cell)
-    if has_torch:
-        add("softmax ns/element vs torch", lambda s: s.group == "softmax",
-            vs("torch", ns, " ns/el"))
+    for peer in peers:
+        add(f"softmax ns/element vs {peer}", lambda s: s.group == "softmax",
+            vs(peer, ns, " ns/el"))
     add("matmul_accumulate vs NumPy a @ b", lambda s: s.group == "matmul",
         vs("numpy", gf, " GFLOP/s"))
 
@@ -243,6 +279,67 @@ def _table(head, rows):
     return lines
 
 
+_TITLES = {"numpy": "NumPy", "torch": "PyTorch", "ort": "ONNX Runtime (ort)", "jax": "JAX"}
+
+
+def _versions(meta):
+    """``, torch 2.x, onnxruntime 1.x, ...`` from the result's peer versions."""
+    vers = dict(meta.get("peer_versions") or {})
+    if not vers and meta.get("torch"):
+        vers["torch"] = meta["torch"]
+    return "".join(f", {pkg} {v}" for pkg, v in vers.items())
+
+
+def _sgemm_lines(meta):
+    sg = meta.get("sgemm_gflops") or {}
+    if not sg:
+        return []
+    cells = [f"{n} thread{'s' if n != '1' else ''}: **{_sig(max(r.values()))} GFLOP/s** ("
+             + ", ".join(f"{k} {_sig(v)}" for k, v in r.items()) + ")" for n, r in sg.items()]
+    return ["- Best sgemm (1024³ float32, the larger of NumPy's `np.matmul(a, b, out=c)` and "
+            "`cyattn.matmul_accumulate`, best of 5 calls at the start and 5 at the end): "
+            + "; ".join(cells)]
+
+
+def _limit_rows(rows, meta):
+    """Rows of the "fraction of the machine limit" table (cyattn's rate against each limit)."""
+    peak = meta.get("fma_peak_gflops")
+    body = []
+    for r in rows:
+        if not r.has("cyattn"):
+            continue
+        g = r.spec.group
+        if g == "softmax":
+            m = r.median("cyattn")
+            rate = f"{_sig(r.bytes_moved() / m / 1e9)} GB/s"
+            pct = r.pct_read_bandwidth("cyattn")
+            cells = ["-", "-", "-" if pct is None else f"{pct:.0f} %"]
+        elif g == "decode":
+            pct = r.pct_bandwidth("cyattn")
+            rate = f"{_sig(r.kv_gbs('cyattn'))} GB/s"
+            cells = ["-", "-", "-" if pct is None else f"{pct:.0f} %"]
+        else:
+            rate = f"{_sig(r.gflops('cyattn'))} GFLOP/s"
+            pp, ps = r.pct_peak("cyattn"), r.pct_sgemm("cyattn")
+            cells = ["-" if pp is None else f"{pp:.0f} %", "-" if ps is None else f"{ps:.0f} %",
+                     "-"]
+        if not peak:
+            cells[0] = "-"
+        body.append([r.spec.name, r.threads, rate] + cells)
+    return body
+
+
+def _behind(rows, impls):
+    """(case, threads, peer, ratio) wherever a peer was faster than cyattn."""
+    out = []
+    for r in rows:
+        for peer in impls[1:]:
+            ratio = r.ratio(peer)
+            if ratio is not None and ratio < 1.0:
+                out.append([r.spec.name, r.threads, peer, f"{ratio:.2f}×"])
+    return out
+
+
 def render_markdown(result):
     """The Markdown report of a :func:`run_full` result."""
     meta = result["meta"]
@@ -256,12 +353,12 @@ def render_markdown(result):
     bw = meta.get("bandwidth_gbs") or {}
     plural = "s" if len(meta["threads"]) != 1 else ""
     lines = [
-        "# cyattn benchmark: cyattn vs NumPy" + (" vs PyTorch" if "torch" in impls else ""), "",
+        "# cyattn benchmark: cyattn vs " + " vs ".join(_TITLES.get(i, i) for i in impls[1:]), "",
         f"- {meta['date']}, {meta['cpu']}, {meta['logical_cpus']} logical CPUs, "
         f"Python {meta['python']}",
         f"- cyattn {meta['cyattn']} variant `{meta['variant']}` (available: "
         f"{', '.join(meta['available_variants'])}; OpenMP {'on' if meta['openmp'] else 'off'}),"
-        f" numpy {meta['numpy']}" + (f", torch {meta['torch']}" if meta.get("torch") else ""),
+        f" numpy {meta['numpy']}" + _versions(meta),
         "- FMA peak: " + (f"**{_sig(peak)} GFLOP/s per core** (float32, `fma_probe` of the "
                           f"`{meta['variant']}` kernels, one thread, best of 5 runs at the "
                           f"start and 5 at the end of the timings)"
@@ -271,11 +368,13 @@ def render_markdown(result):
         f"{meta['bandwidth_bytes'] / _MIB:.0f} MiB, the size of the decode case's K+V, best "
         "of 7): " + ", ".join(f"**{_sig(v)} GB/s** with {n} thread{'s' if n != '1' else ''}"
                              for n, v in bw.items()),
+    ] + _sgemm_lines(meta) + [
         f"- float32. Each time: median of {meta['samples']} sample"
         f"{'s' if meta['samples'] != 1 else ''} (min–max) of at least "
         f"{meta['target'] * 1e3:.0f} ms each (one call if longer), the implementations' samples "
         f"interleaved in one process, thread count{plural} {', '.join(map(str, meta['threads']))}"
-        f" (cyattn `n_threads`; softmax: the OpenMP limit; torch.set_num_threads; NumPy's BLAS "
+        f" (cyattn `n_threads`; softmax: the OpenMP limit; torch.set_num_threads; ONNX Runtime: "
+        f"intra_op_num_threads, inter_op 1, sequential; JAX: XLA's pool via NPROC; NumPy's BLAS "
         + ("via threadpoolctl)." if meta["limits_active"] else
            "not limited: threadpoolctl is not installed)."),
         "- **" + ", ".join(f"`vs {i}`" for i in impls[1:]) + ": median over rounds of (other "
@@ -315,6 +414,24 @@ def render_markdown(result):
         errors = [f"- {r.spec.name}, {r.threads} thread(s), {impl}: {msg}"
                   for r in sect for impl, msg in r.row.get("errors", {}).items()]
         lines += [""] + (errors + [""] if errors else [])
+
+    limit_rows = _limit_rows(rows, meta)
+    if limit_rows:
+        lines += ["## Fraction of the machine limit (cyattn)", "",
+                  "Compute-bound cases (matmul, attention): GFLOP/s against the FMA peak × "
+                  "threads and against the best sgemm rate at that thread count. Decode: "
+                  "against reading K+V once (the paired NumPy read). Softmax: bytes moved (x "
+                  "and the mask read, the result written) / time against the streaming read "
+                  "bandwidth at that thread count (x is 0.5-8 MiB and stays partly in cache, "
+                  "so this can pass 100 %).", ""]
+        lines += _table(["case", "threads", "cyattn rate", "% of FMA peak × threads",
+                         "% of best sgemm", "% of read bandwidth"], limit_rows)
+        lines.append("")
+    behind = _behind(rows, impls)
+    lines += ["## Cases where an implementation was faster than cyattn", ""]
+    lines += (_table(["case", "threads", "implementation", "ratio (its time / cyattn's)"],
+                     behind) if behind else ["None."])
+    lines.append("")
 
     mem = result.get("memory") or []
     if mem:
