@@ -120,3 +120,10 @@ def test_jax_column_in_its_own_process():
     assert row["errors"] == {} and set(row["times"]) == {"cyattn", "numpy", "jax"}
     assert res["meta"]["peer_versions"]["jax"]
     assert any("NPROC" in note for note in res["meta"]["notes"])
+
+
+def test_command_in_the_report():
+    from cyattn._bench import cli
+    assert cli.command_line(["-m", "cyattn", "bench", "--full"]) == "python -m cyattn bench --full"
+    assert cli.command_line(["-m", "cyattn", "bench", "--full", "--only", "sdpa (1,8"]).endswith(
+        "--only 'sdpa (1,8'")

@@ -92,6 +92,20 @@ def check_full_arguments(parser, args):
     return args
 
 
+def command_line(rerun_args):
+    """``python -m cyattn bench --full ...`` (or ``python bench/run.py ...``): the command that
+    produced a result, from its arguments after the interpreter, for the report's header."""
+    import shlex
+    args = list(rerun_args)
+    if args and not args[0].startswith("-"):
+        root = checkout_root()
+        try:            # bench/run.py relative to the checkout
+            args[0] = str(Path(args[0]).resolve().relative_to(root)) if root else args[0]
+        except ValueError:
+            pass
+    return "python " + " ".join(shlex.quote(a) for a in args)
+
+
 def full_main(args, rerun_args, outdir=None, out=None):
     """Run the full harness with parsed and checked options ``args``; write latest.md,
     latest.json and the PNG into ``args.outdir`` (else ``outdir``, else
@@ -116,6 +130,7 @@ def full_main(args, rerun_args, outdir=None, out=None):
     result = run_full(specs, threads=args.threads, samples=samples, target=target, pause=pause,
                       use_torch=not args.no_torch, use_ort=not args.no_ort,
                       use_jax=not args.no_jax, memory=not args.no_memory, notes=notes)
+    result["meta"]["command"] = command_line(rerun_args)
     text = render_markdown(result)
     outdir.mkdir(parents=True, exist_ok=True)
     md, js = outdir / "latest.md", outdir / "latest.json"

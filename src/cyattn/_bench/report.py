@@ -355,7 +355,8 @@ def render_markdown(result):
     lines = [
         "# cyattn benchmark: cyattn vs " + " vs ".join(_TITLES.get(i, i) for i in impls[1:]), "",
         f"- {meta['date']}, {meta['cpu']}, {meta['logical_cpus']} logical CPUs, "
-        f"Python {meta['python']}",
+        f"Python {meta['python']}"
+        + (f"; command: `{meta['command']}`" if meta.get("command") else ""),
         f"- cyattn {meta['cyattn']} variant `{meta['variant']}` (available: "
         f"{', '.join(meta['available_variants'])}; OpenMP {'on' if meta['openmp'] else 'off'}),"
         f" numpy {meta['numpy']}" + _versions(meta),
