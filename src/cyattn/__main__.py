@@ -7,8 +7,9 @@ Subcommands::
                                       mismatch)
     bench [--threads N] [--quick]     quick table of cyattn vs NumPy
     bench --full [--threads 1,2] [--quick] [--cases ...] [--outdir DIR] ...
-                                      the full harness (cyattn._bench): NumPy and PyTorch
-                                      side by side, FMA peak, bandwidth, peak memory, a
+                                      the full harness (cyattn._bench): NumPy, PyTorch, ONNX
+                                      Runtime and JAX side by side (those installed), FMA peak,
+                                      best sgemm, bandwidth, peak memory, a
                                       Markdown table and a PNG plot
     plot --demo OUT.png               a figure of the mask kinds (needs matplotlib)
 
@@ -59,9 +60,10 @@ def build_parser():
                        help="number of random cases (default 300)")
     check.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     bench = sub.add_parser(
-        "bench", help="time cyattn against a NumPy reference (--full: and PyTorch)",
+        "bench", help="time cyattn against a NumPy reference (--full: and the installed peers)",
         description="Without --full: a short table of cyattn vs NumPy at one thread count. "
-                    "With --full: the full harness (NumPy and PyTorch side by side, 1 and 2 "
+                    "With --full: the full harness (NumPy, PyTorch, ONNX Runtime and JAX, those "
+                    "installed, side by side, 1 and 2 "
                     "threads, FMA peak, read bandwidth, peak memory per case; writes "
                     "latest.md, latest.json and a PNG plot into bench/results of a checkout, "
                     "else --outdir or the current directory). The options after --quick are "
@@ -87,7 +89,8 @@ def build_parser():
 
 # options of the full harness that mean nothing to the quick bench, and their defaults
 _FULL_ONLY = {"cases": None, "only": None, "samples": None, "min_time": None,
-              "no_memory": False, "no_torch": False, "no_plot": False, "outdir": None}
+              "no_memory": False, "no_torch": False, "no_ort": False, "no_jax": False,
+              "no_plot": False, "outdir": None}
 
 
 def cmd_info():

@@ -1,0 +1,193 @@
+"""Environment and timing of the bench: the interleaved, paired-ratio harness.
+
+* :func:`interleaved` times several implementations in rounds (A B A B ...), each sample a
+  calibrated number of calls (:func:`calibrate`); :func:`paired_ratio` is the median over rounds
+  of one implementation's time over another's, :func:`summary` the (median, min, max).
+* :class:`thread_limits` pins NumPy's BLAS and the OpenMP runtime with threadpoolctl when it is
+  installed; :class:`Progress` draws the progress bar on stderr.
+* ``OPENBLAS_CORETYPE`` / ``OPENBLAS_L2_SIZE`` slow NumPy's OpenBLAS and act when numpy is
+  loaded, so :func:`rerun_without_blas_overrides` re-runs the bench in a child process without
+  them (:func:`child_env` makes that child import this same cyattn).
+"""
+import gc
+import math
+import os
+import statistics
+import subprocess
+import sys
+import sysconfig
+import time
+
+BLAS_ENV_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+_CHILD_MARK = "CYATTN_BENCH_CLEAN_ENV"
+
+
+# ------------------------------------------------------------------------------------------
+# Environment
+# ------------------------------------------------------------------------------------------
+
+
+def blas_env_overrides(environ=None):
+    """The OpenBLAS tuning variables set in ``environ`` (default os.environ), as a dict."""
+    environ = os.environ if environ is None else environ
+    return {k: environ[k] for k in BLAS_ENV_VARS if k in environ}
+
+
+def child_env(remove=(), extra=None):
+    """A copy of os.environ without ``remove``, able to import this same cyattn package.
+
+    When cyattn was imported from a source tree (not from site-packages), that tree is put in
+    front of PYTHONPATH so the child does not pick up another install.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in remove}
+    # this file is <parent>/cyattn/_bench/timing.py
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    site_dirs = {os.path.abspath(p) for p in (sysconfig.get_paths()["purelib"],
+                                              sysconfig.get_paths()["platlib"])}
+    if pkg_parent not in site_dirs:
+        parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if pkg_parent not in parts:
+            env["PYTHONPATH"] = os.pathsep.join([pkg_parent] + parts)
+    if extra:
+        env.update(extra)
+    return env
+
+
+def rerun_without_blas_overrides(args, out=None):
+    """If OpenBLAS overrides are set (and this is not already the clean child), run
+    ``python <args>`` without them and return its exit code; else return None.
+
+    ``args`` is the argument list after the interpreter, e.g. ``["-m", "cyattn", "bench"]``.
+    """
+    found = blas_env_overrides()
+    if not found or os.environ.get(_CHILD_MARK):
+        return None
+    out = out or sys.stdout
+    names = ", ".join(f"{k}={v}" for k, v in found.items())
+    verb, it = ("are", "them") if len(found) > 1 else ("is", "it")
+    print(f"bench: {names} {verb} set in the environment and slow{'' if len(found) > 1 else 's'} "
+          f"numpy's OpenBLAS; re-running the benchmark in a child process without {it} "
+          f"(this process's environment is left as it is)", file=out, flush=True)
+    env = child_env(remove=BLAS_ENV_VARS, extra={_CHILD_MARK: "1"})
+    return subprocess.call([sys.executable] + list(args), env=env)
+
+
+class thread_limits:
+    """Context manager: limit BLAS and OpenMP thread pools with threadpoolctl if installed.
+
+    ``self.active`` tells whether threadpoolctl was available.
+    """
+
+    def __init__(self, n_threads):
+        self.n_threads = n_threads
+        self.active = False
+        self._ctx = None
+
+    def __enter__(self):
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:
+            return self
+        self._ctx = threadpool_limits(limits=self.n_threads)
+        self._ctx.__enter__()
+        self.active = True
+        return self
+
+    def __exit__(self, *exc):
+        if self._ctx is not None:
+            self._ctx.__exit__(*exc)
+        return False
+
+
+# ------------------------------------------------------------------------------------------
+# Timing
+# ------------------------------------------------------------------------------------------
+
+
+def _time_calls(fn, number):
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        return (time.perf_counter() - t0) / number
+    finally:
+        if gc_was:
+            gc.enable()
+
+
+def calibrate(fn, target):
+    """Calls per sample so that one sample lasts about ``target`` seconds (at least 1)."""
+    fn()                                   # warm up: first-call allocations, page faults
+    t = _time_calls(fn, 1)
+    if t >= target:
+        return 1
+    number = max(1, int(target / max(t, 1e-7)))
+    t = _time_calls(fn, min(number, 1000))   # refine once with a longer run
+    return max(1, int(math.ceil(target / max(t, 1e-9))))
+
+
+def interleaved(fns, samples=7, target=0.02, pause=0.0, tick=None):
+    """Time each callable of ``fns`` (a dict name -> fn) ``samples`` times, interleaved.
+
+    Round r runs every function once in order (A B A B ...), each for a calibrated number of
+    calls; returns a dict name -> list of seconds per call, one per round. ``pause`` seconds of
+    sleep separate samples, each followed by one untimed call: here the first call after a
+    sleep ran 1.5-2.5x slower for every implementation (decode at 2 threads: 9-15 ms, then
+    5-6 ms), which with a few calls per sample decided the ratio. ``tick()`` is called after
+    each round.
+    """
+    numbers = {name: calibrate(fn, target) for name, fn in fns.items()}
+    times = {name: [] for name in fns}
+    for _ in range(samples):
+        for name, fn in fns.items():
+            if pause:
+                time.sleep(pause)
+                fn()
+            times[name].append(_time_calls(fn, numbers[name]))
+        if tick:
+            tick()
+    return times
+
+
+def summary(values):
+    """(median, min, max) of a list of samples."""
+    return statistics.median(values), min(values), max(values)
+
+
+def paired_ratio(reference, ours):
+    """Median over rounds of reference[i] / ours[i] (> 1: ours is faster)."""
+    return statistics.median(r / o for r, o in zip(reference, ours))
+
+
+class Progress:
+    """A progress bar on stderr: ``[#####.....] 3/7 softmax (8,128,512)`` redrawn in place on a
+    terminal; elsewhere (a log, a pipe) one plain line per new label instead."""
+
+    def __init__(self, total, stream=None, width=24):
+        self.total = max(total, 1)
+        self.done = 0
+        self.stream = stream or sys.stderr
+        self.width = width
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._last = 0
+        self._label = None
+
+    def update(self, label="", step=0):
+        self.done += step
+        filled = int(self.width * self.done / self.total)
+        line = f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} {label}"
+        if self.tty:
+            pad = max(0, self._last - len(line))
+            self.stream.write("\r" + line + " " * pad)
+            self._last = len(line)
+        elif label != self._label:
+            self.stream.write("bench: " + line + "\n")
+        self._label = label
+        self.stream.flush()
+
+    def close(self):
+        if self.tty:
+            self.stream.write("\r" + " " * self._last + "\r")
+            self.stream.flush()
