@@ -104,8 +104,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         Grouped-query attention: ``key``/``value`` may have fewer heads (axis -3), dividing the
         query's; query head ``h`` reads key/value head ``h // (Hq // Hkv)``. No copy is made.
     causal_alignment, window, softcap, sinks, alibi_slopes, key_lengths, query_lengths : options
-        Keyword-only, passed to :func:`cyattn.scaled_dot_product_attention` (tensors as NumPy arrays;
-        bfloat16 tensors as float32 copies). The options other than ``causal_alignment`` are
+        Keyword-only, passed to :func:`cyattn.scaled_dot_product_attention` (tensors as NumPy
+        arrays; bfloat16 tensors as float32 copies). The options other than ``causal_alignment`` are
         passed only when given, and raise TypeError when this build's core does not have them
         (see :func:`core_options`).
     return_lse : bool, keyword-only
