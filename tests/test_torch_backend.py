@@ -342,3 +342,34 @@ def test_sinks(dtype):
     got = ct.scaled_dot_product_attention(q, k, v, sinks=sinks, is_causal=True)
     causal = torch.ones(5, 9, dtype=torch.bool).tril()
     _assert_close(got, _eager(q, k, v, causal, sinks=sinks), dtype, 17)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("mask_kind", [None, "per batch", "per head", "float per head"])
+def test_decode_gqa_packs_query_heads(dtype, mask_kind, spy):
+    """One query row with GQA: the query heads of a key/value head are handed to the core as
+    the rows of one problem (views, no copy), with the same result as torch."""
+    B, H, Hkv, S, E = 2, 8, 2, 40, 16
+    g = torch.Generator().manual_seed(12)
+    q = torch.randn(B, 1, H, E, generator=g).to(dtype).transpose(1, 2)   # (B, H, 1, E) view
+    k = torch.randn(B, Hkv, S, E, generator=g).to(dtype)
+    v = torch.randn(B, Hkv, S, E, generator=g).to(dtype)
+    mask = {None: None,
+            "per batch": torch.rand(B, 1, 1, S, generator=g) < 0.7,
+            "per head": torch.rand(B, H, 1, S, generator=g) < 0.7,
+            "float per head": torch.randn(B, H, 1, S, generator=g).to(dtype)}[mask_kind]
+    if mask is not None and mask.dtype == torch.bool:
+        mask[..., 0] = True
+    buf = torch.empty(B, 1, H, E, dtype=dtype)
+    got = ct.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True,
+                                          out=buf.transpose(1, 2))
+    want = _reference(q, k, v, dtype, attn_mask=mask, enable_gqa=True)
+    _assert_close(got, want, dtype, E + S)
+    args, kwargs, _ = spy[-1]
+    assert args[0].shape == (B, Hkv, H // Hkv, E) and kwargs["enable_gqa"] is False
+    if dtype is not torch.bfloat16:
+        assert np.shares_memory(args[0], q.numpy()) and np.shares_memory(kwargs["out"],
+                                                                         buf.numpy())
+    out, lse = ct.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True, return_lse=True)
+    assert out.shape == (B, H, 1, E) and lse.shape == (B, H, 1)
+    _assert_close(out, want, dtype, E + S)

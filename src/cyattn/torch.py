@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import numbers
 
+import numpy as np
 import torch
 
 from .attention import scaled_dot_product_attention as _core_sdpa
@@ -60,6 +61,16 @@ def _to_numpy(t):
     elif t.is_conj() or t.is_neg():
         t = t.resolve_conj().resolve_neg()
     return t.numpy()
+
+
+def _pack_heads(arr, group):
+    """The view ``(..., H // group, group, X)`` of ``arr`` of shape ``(..., H, 1, X)``."""
+    *outer, heads, _, last = arr.shape
+    *outer_strides, head_stride, _, last_stride = arr.strides
+    return np.lib.stride_tricks.as_strided(
+        arr, tuple(outer) + (heads // group, group, last),
+        tuple(outer_strides) + (head_stride * group, head_stride, last_stride),
+        writeable=arr.flags.writeable)
 
 
 def _optional_array(x, name):
@@ -203,11 +214,32 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                              f"dtype {dtype}")
         if dtype is not torch.bfloat16:
             out_np = out.numpy()
-    res = _core_sdpa(_to_numpy(query), _to_numpy(key), _to_numpy(value),
-                     _optional_array(attn_mask, "attn_mask"), is_causal, scale,
+    q_np, k_np, v_np = _to_numpy(query), _to_numpy(key), _to_numpy(value)
+    mask_np = _optional_array(attn_mask, "attn_mask")
+    packed = None
+    if (enable_gqa is True and is_causal is False and not options and q_np.ndim >= 3
+            and k_np.ndim >= 3 and q_np.shape[-2] == 1 and k_np.shape[-3] > 0
+            and q_np.shape[-3] != k_np.shape[-3] and q_np.shape[-3] % k_np.shape[-3] == 0
+            and (not isinstance(mask_np, np.ndarray) or mask_np.ndim < 3
+                 or mask_np.shape[-3] in (1, q_np.shape[-3]))):
+        # One query row per head (a decode step): the query heads sharing a key/value head
+        # become the rows of one problem, so each key/value head is read once, not once per
+        # query head (transformers' pack_gqa). Views only; the result reshapes back.
+        heads, group = q_np.shape[-3], q_np.shape[-3] // k_np.shape[-3]
+        packed = q_np.shape[:-3] + (heads, 1)
+        q_np = _pack_heads(q_np, group)
+        if isinstance(mask_np, np.ndarray) and mask_np.ndim >= 3 and mask_np.shape[-3] == heads:
+            mask_np = _pack_heads(mask_np, group)
+        if out_np is not None:
+            out_np = _pack_heads(out_np, group)
+        enable_gqa = False
+    res = _core_sdpa(q_np, k_np, v_np, mask_np, is_causal, scale,
                      causal_alignment=causal_alignment, enable_gqa=enable_gqa,
                      return_lse=return_lse, out=out_np, n_threads=n_threads, **options)
     res, lse = res if return_lse else (res, None)
+    if packed is not None:
+        res = res.reshape(packed + res.shape[-1:])
+        lse = None if lse is None else lse.reshape(packed)
     if out is not None:
         if out_np is None:                      # bfloat16: round the float32 result once
             if tuple(out.shape) != res.shape:
