@@ -66,6 +66,9 @@ def _to_numpy(t):
 def _pack_heads(arr, group):
     """The view ``(..., H // group, group, X)`` of ``arr`` of shape ``(..., H, 1, X)``."""
     *outer, heads, _, last = arr.shape
+    packed = arr.reshape(tuple(outer) + (heads // group, group, last))  # splits an axis: a view
+    if packed.size == 0 or np.may_share_memory(packed, arr):
+        return packed
     *outer_strides, head_stride, _, last_stride = arr.strides
     return np.lib.stride_tricks.as_strided(
         arr, tuple(outer) + (heads // group, group, last),
