@@ -373,3 +373,9 @@ def test_decode_gqa_packs_query_heads(dtype, mask_kind, spy):
     out, lse = ct.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True, return_lse=True)
     assert out.shape == (B, H, 1, E) and lse.shape == (B, H, 1)
     _assert_close(out, want, dtype, E + S)
+
+
+def test_docstring_examples_run():
+    import doctest
+    result = doctest.testmod(ct, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0

@@ -364,3 +364,9 @@ def test_minilm_sentence_transformers_equals_reference(monkeypatch):
                        show_progress_bar=False)
     cos, diff = _compare(got, want)
     assert cos.min() >= MIN_COSINE and diff.max() <= MAX_ABS_DIFF, (cos.min(), diff.max())
+
+
+def test_docstring_examples_run():
+    import doctest
+    result = doctest.testmod(ctr, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
