@@ -65,7 +65,7 @@ def _configs():
         "gpt_oss": (T.GptOssForCausalLM, T.GptOssConfig(
             # YaRN RoPE: keep the default max_position_embeddings
             **{k: v for k, v in COMMON.items() if k != "max_position_embeddings"},
-            head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=5,
+            head_dim=16, num_local_experts=2, num_experts_per_tok=2, sliding_window=5,
             layer_types=["sliding_attention", "full_attention"]), "eager"),
     }
 
