@@ -207,14 +207,39 @@ def test_register_is_idempotent_and_checks_names():
         ctr.register("cyattn-test-taken")
 
 
-def test_output_attentions_warns_once(recwarn):
+def test_output_attentions_large_warns_once(recwarn, monkeypatch):
     module, q, k, v, mask, _ = _contract_cases()["prefill no mask, causal"]
-    ctr._warned_output_attentions = False
+    monkeypatch.setattr(ctr, "_warned_output_attentions", False)
+    monkeypatch.setattr(ctr, "MAX_WEIGHTS", 2 * 4 * 6 * 6 - 1)
     for _ in range(2):
         out, weights = ctr.attention_forward(module, q, k, v, mask, output_attentions=True)
         assert weights is None
     messages = [str(w.message) for w in recwarn if "output_attentions" in str(w.message)]
     assert len(messages) == 1 and "attn_implementation='eager'" in messages[0]
+
+
+@pytest.mark.parametrize("name", ["llama", pytest.param("gemma2", marks=needs_variants),
+                                  pytest.param("gpt_oss", marks=needs_variants)])
+def test_output_attentions_returns_eagers_weights(name):
+    cls, config, _ = _configs()[name]
+    models = []
+    for impl in ("eager", "cyattn"):
+        torch.manual_seed(0)
+        models.append(cls._from_config(copy.deepcopy(config), attn_implementation=impl).eval())
+        if name == "gpt_oss":
+            for layer in models[-1].model.layers:
+                torch.nn.init.normal_(layer.self_attn.sinks, std=1.0,
+                                      generator=torch.Generator().manual_seed(5))
+    ids, mask = _inputs(padded=True)
+    with torch.no_grad():
+        want, got = (m(ids, attention_mask=mask, output_attentions=True).attentions
+                     for m in models)
+    assert len(got) == len(want) == 2
+    rows = mask.bool()[:, None, :, None]            # non-padded query rows
+    for g, w in zip(got, want):
+        assert g.shape == w.shape == (2, 4, 12, 12)
+        np.testing.assert_allclose(torch.where(rows, g, 0).numpy(),
+                                   torch.where(rows, w, 0).numpy(), *tol(np.float32, 16))
 
 
 def test_errors_training():

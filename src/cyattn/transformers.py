@@ -24,6 +24,7 @@ __all__ = ["register", "attention_forward", "mask_function", "uses_attention_int
 
 _FNAME = "cyattn.transformers"
 _warned_output_attentions = False
+MAX_WEIGHTS = 1 << 24        # output_attentions: largest B * H * L * S returned (64 MiB float32)
 _interface_by_config_class = {}
 
 
@@ -129,14 +130,16 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         with no mask, the kernel also gets ``window=(W - 1, 0)`` aligned bottom-right so that
         it skips whole key blocks outside the window; the mask already holds the window),
         ``softcap`` (Gemma 2: scores ``c * tanh(s / c)``), ``s_aux`` (gpt-oss: one sink logit
-        per head in the softmax denominator), ``output_attentions`` (not returned: warns
-        once, as SDPA). Others are ignored, as SDPA ignores them.
+        per head in the softmax denominator), ``output_attentions`` (the weights are returned,
+        computed with torch ops, when ``B * H * L * S <= MAX_WEIGHTS``; above, None and a
+        warning the first time). Others are ignored, as SDPA ignores them.
 
     Returns
     -------
     output : torch.Tensor, shape (B, L, H, Ev), contiguous
         Written by the kernel through ``out=`` into the tensor's buffer.
-    weights : None
+    weights : torch.Tensor, shape (B, H, L, S), or None
+        Only with ``output_attentions=True`` (see above); rows with no permitted key are 0.
 
     Raises
     ------
@@ -153,12 +156,6 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     gives them zeros where SDPA's float masks built with ``finfo.min`` give an average of the
     values. Only non-padded rows take part in what the model returns.
     """
-    global _warned_output_attentions
-    if kwargs.get("output_attentions", False) and not _warned_output_attentions:
-        _warned_output_attentions = True
-        warnings.warn(f"{_FNAME}: output_attentions=True is not supported (the kernel never "
-                      f"forms the attention weights); no weights are returned. Build the model "
-                      f"with attn_implementation='eager' to get them.", stacklevel=2)
     q_length = query.shape[2]
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
@@ -195,7 +192,52 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     out = torch.empty((batch, q_length, heads, value.shape[-1]), dtype=query.dtype)
     _torch_sdpa(query, key, value, mask, dropout, is_causal, scaling,
                 enable_gqa=key.shape[1] != heads, out=out.transpose(1, 2), **options)
-    return out, None
+    weights = None
+    if kwargs.get("output_attentions", False):
+        weights = _weights_if_small(query, key, mask, is_causal, scaling, softcap, sinks)
+    return out, weights
+
+
+def _weights_if_small(query, key, mask, is_causal, scaling, softcap, sinks):
+    """The softmax weights (B, H, L, S) for output_attentions, computed with torch ops in
+    float32 (float64 for float64) as the kernel defines them, when they have at most
+    MAX_WEIGHTS elements; else None, with a warning the first time."""
+    global _warned_output_attentions
+    B, H, L, E = query.shape
+    S = key.shape[2]
+    if max(B, key.shape[0]) * H * L * S > MAX_WEIGHTS:
+        if not _warned_output_attentions:
+            _warned_output_attentions = True
+            warnings.warn(f"{_FNAME}: output_attentions=True: the attention weights "
+                          f"({max(B, key.shape[0])} x {H} x {L} x {S}) exceed {MAX_WEIGHTS} "
+                          f"elements and are not returned (the kernel never forms them); "
+                          f"build the model with attn_implementation='eager' to get them",
+                          stacklevel=3)
+        return None
+    dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+    k = key.to(dtype).repeat_interleave(H // key.shape[1], dim=1)
+    scores = query.to(dtype) @ k.transpose(-1, -2)
+    scores = scores * (scaling if scaling is not None else 1.0 / E ** 0.5)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    if is_causal:
+        scores = scores.masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), float("-inf"))
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask.to(dtype)
+    if sinks is not None:
+        sink = sinks.to(dtype).reshape(1, -1, 1, 1).expand(scores.shape[0], -1, L, 1)
+        scores = torch.cat([scores, sink], dim=-1)
+    row_max = scores.amax(dim=-1, keepdim=True)
+    dead = torch.isneginf(row_max)                     # fully masked rows: weights 0
+    weights = torch.exp(scores - torch.where(dead, 0.0, row_max))
+    weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
+    weights = torch.where(dead, 0.0, weights)
+    if sinks is not None:
+        weights = weights[..., :-1]
+    return weights.to(query.dtype)
 
 
 _BUILTIN = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flash_attention_4",
