@@ -379,3 +379,12 @@ def test_docstring_examples_run():
     import doctest
     result = doctest.testmod(ct, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_import_cyattn_imports_neither_torch_nor_transformers():
+    import subprocess
+    import sys
+    code = ("import sys, cyattn; bad = [m for m in ('torch', 'transformers') if m in "
+            "sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
