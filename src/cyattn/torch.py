@@ -36,7 +36,7 @@ def core_options():
 
 
 def _check_tensor(t, name):
-    """``t`` as a detached CPU strided tensor of a supported float dtype, else raise."""
+    """``t`` detached, after checking that it is a dense CPU tensor that needs no gradient."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{_FNAME}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
