@@ -1,6 +1,6 @@
 """Build script: declares the compiled kernel variants and picks flags per compiler.
 
-The same Cython source (src/cyattn/_kernels_impl.pxi) is compiled as
+The same Cython sources (src/cyattn/_kernel_sources.pxi lists them) are compiled as
   * cyattn._kernels_baseline: no -march (x86-64 SSE2, armv8-a NEON), runs on every CPU;
   * cyattn._kernels_avx2 (x86-64 only): -mavx2 -mfma (MSVC: /arch:AVX2);
   * cyattn._kernels_avx512 (x86-64 only): AVX-512 F/VL/BW/DQ + FMA (MSVC: /arch:AVX512),

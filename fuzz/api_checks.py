@@ -1518,6 +1518,17 @@ FUNCTIONS = ("scaled_dot_product_attention", "softmax", "matmul_accumulate",
              "multi_head_attention", "log_softmax", "scaled_dot_product_attention")
 
 
+def _checks_variants():
+    """fuzz/checks_variants.py, loaded by path (this module itself may be loaded that way)."""
+    name = "_cyattn_fuzz_checks_variants"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, _ROOT / "fuzz" / "checks_variants.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def build_case(data):
     r = ByteReader(data)
     fname = r.pick(FUNCTIONS)
@@ -1530,7 +1541,11 @@ def build_case(data):
     elif fname == "matmul_accumulate":
         build_matmul(r, case)
     elif fname == "scaled_dot_product_attention":
-        build_sdpa(r, case)
+        variants = _checks_variants()
+        if variants.selected(r):    # issue 24's arguments: fuzz/checks_variants.py
+            variants.build(r, case, sys.modules[__name__])
+        else:
+            build_sdpa(r, case)
     else:
         build_mha(r, case)
     return case

@@ -6,7 +6,8 @@
   nowhere else (DESIGN section 5).
 * :func:`to_oracle` / :func:`from_oracle`: NumPy arrays <-> the oracle's nested lists.
 * ``oracle_*``: the pure-Python oracle applied to broadcast NumPy inputs (the oracle itself
-  does not broadcast), and NumPy float64 references for sizes too big for the oracle.
+  does not broadcast), and NumPy float64 references for sizes too big for the oracle
+  (``*_sdpa_variants``: with issue 24's window, softcap, sinks, ALiBi and lengths).
 * :func:`call_checked`: call a public function and assert that no input array was modified.
 * :func:`layout_variants`: the same data in other memory layouts (Fortran, transposed and
   reversed views, slices, a misaligned byte-offset buffer, read-only).
@@ -235,6 +236,124 @@ def numpy_sdpa(q, k, v, mask=None, is_causal=False, scale=None, causal_alignment
     lse = np.where(dead, -np.inf, row_max + np.log(np.where(dead, 1.0, z)))[..., 0]
     return np.matmul(w, v), lse
 
+
+
+# Attention variants (issue 24): window, softcap, sinks, alibi_slopes, key_lengths,
+# query_lengths. Used by tests/test_variants.py, test_properties_variants.py and the fuzzer.
+
+def _variant_per_batch(x, batch, default, dtype):
+    if x is None:
+        return np.full(batch, default, dtype=dtype)
+    return np.broadcast_to(np.asarray(x, dtype=dtype), batch)
+
+
+def numpy_sdpa_variants(q, k, v, mask=None, is_causal=False, scale=None,
+                        causal_alignment="top_left", enable_gqa=False, window=None, softcap=None,
+                        sinks=None, alibi_slopes=None, key_lengths=None, query_lengths=None):
+    """(out, lse) in float64 from dense NumPy arrays: a bool keep matrix (lengths, causal,
+    window, bool mask), the explicit ALiBi bias, np.tanh for the softcap and an extra sink key
+    column with a zero value row. Weights that are exactly 0 never multiply a value."""
+    q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
+    batch = sdpa_batch_shape(q, k, v, enable_gqa)
+    k, v = expand_kv_heads(q, k, v, enable_gqa)
+    L, E = q.shape[-2:]
+    S, Ev = v.shape[-2:]
+    q = np.broadcast_to(q, batch + (L, E))
+    k = np.broadcast_to(k, batch + (S, E))
+    v = np.broadcast_to(v, batch + (S, Ev))
+    if scale is None:
+        scale = 1.0 / math.sqrt(E) if E else 1.0
+    n_keys = np.clip(_variant_per_batch(key_lengths, batch, S, np.int64), 0, S)[..., None, None]
+    n_queries = np.clip(_variant_per_batch(query_lengths, batch, L, np.int64), 0, L)[..., None, None]
+    i = np.arange(L)[:, None]
+    j = np.arange(S)[None, :]
+    pos = i + (n_keys - n_queries if causal_alignment == "bottom_right" else 0)  # (..., L, 1)
+    keep = np.broadcast_to(j < n_keys, batch + (L, S)).copy()
+    if is_causal:
+        keep &= j <= pos
+    if window is not None:
+        left, right = window
+        if left is not None:
+            keep &= j >= pos - left
+        if right is not None:
+            keep &= j <= pos + right
+    float_mask = None
+    if mask is not None:
+        mask = np.asarray(mask)
+        if mask.dtype == np.bool_:
+            keep &= mask
+        else:
+            float_mask = mask.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if E:
+            s = scale * np.matmul(q, np.swapaxes(k, -1, -2))
+        else:
+            s = np.zeros(batch + (L, S))
+        if softcap is not None:
+            s = softcap * np.tanh(s / softcap)
+        if alibi_slopes is not None:
+            slope = _variant_per_batch(alibi_slopes, batch, 0.0, np.float64)[..., None, None]
+            s = s + (-slope) * np.abs(pos - j).astype(np.float64)
+        if float_mask is not None:
+            s = s + float_mask
+        s = np.where(keep, s, -np.inf)
+        if sinks is not None:
+            sink = _variant_per_batch(sinks, batch, 0.0, np.float64)[..., None, None]
+            s = np.concatenate([s, np.broadcast_to(sink, batch + (L, 1))], axis=-1)
+            v = np.concatenate([v, np.zeros(batch + (1, Ev))], axis=-2)
+        row_max = s.max(axis=-1, keepdims=True, initial=-np.inf)
+        dead = row_max == -np.inf
+        e = np.exp(s - np.where(dead, 0.0, row_max))
+        z = e.sum(axis=-1, keepdims=True)
+        w = np.where(dead, 0.0, e / np.where(dead, 1.0, z))
+        lse = np.where(dead, -np.inf, row_max + np.log(np.where(dead, 1.0, z)))[..., 0]
+        if np.isfinite(v).all():
+            out = np.matmul(w, v)
+        else:  # a key of weight exactly 0 is never read
+            terms = np.where(w[..., None] != 0.0, w[..., None] * v[..., None, :, :], 0.0)
+            out = terms.sum(axis=-2)
+    padded = i >= n_queries  # (..., L, 1)
+    out = np.where(padded, 0.0, out)
+    lse = np.where(padded[..., 0], -np.inf, lse)
+    return out, lse
+
+
+def oracle_sdpa_variants(q, k, v, mask=None, is_causal=False, scale=None,
+                         causal_alignment="top_left", enable_gqa=False, **variants):
+    """(out, lse) of ``cyattn.oracle`` for NumPy inputs, one oracle call per batch entry with
+    that entry's sink, slope and lengths as Python scalars."""
+    q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
+    batch = sdpa_batch_shape(q, k, v, enable_gqa)
+    k, v = expand_kv_heads(q, k, v, enable_gqa)
+    L, E = q.shape[-2:]
+    S, Ev = v.shape[-2:]
+    q = np.broadcast_to(q, batch + (L, E))
+    k = np.broadcast_to(k, batch + (S, E))
+    v = np.broadcast_to(v, batch + (S, Ev))
+    if mask is not None:
+        mask = np.broadcast_to(np.asarray(mask), batch + (L, S))
+        if mask.dtype != np.bool_:
+            mask = mask.astype(np.float64)
+    per_batch = {}
+    for name in ("sinks", "alibi_slopes", "key_lengths", "query_lengths"):
+        value = variants.pop(name, None)
+        if value is not None:
+            dtype = np.int64 if name.endswith("lengths") else np.float64
+            per_batch[name] = np.broadcast_to(np.asarray(value, dtype=dtype), batch)
+    out = np.zeros(batch + (L, Ev))
+    lse = np.zeros(batch + (L,))
+    if L == 0:
+        return out, lse
+    for idx in np.ndindex(*batch):
+        extra = {name: arr[idx].item() for name, arr in per_batch.items()}
+        o, s = oracle.scaled_dot_product_attention(
+            q[idx].tolist(), k[idx].tolist(), v[idx].tolist(),
+            None if mask is None else mask[idx].tolist(), is_causal, scale,
+            causal_alignment=causal_alignment, return_lse=True, value_dim=Ev,
+            **variants, **extra)
+        out[idx] = np.array(o, dtype=np.float64).reshape(L, Ev)
+        lse[idx] = np.array(s, dtype=np.float64).reshape(L)
+    return out, lse
 
 # ------------------------------------------------------------------------------------------
 # Calling with checks, and layouts

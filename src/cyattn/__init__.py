@@ -2,7 +2,9 @@
 
 Public functions work on NumPy arrays: :func:`softmax`, :func:`log_softmax`,
 :func:`matmul_accumulate`, :func:`scaled_dot_product_attention`,
-:func:`multi_head_attention` and :class:`MultiHeadAttention`. :mod:`cyattn.oracle` is a
+:func:`multi_head_attention` and :class:`MultiHeadAttention`; :func:`attention_weights` returns
+the softmax weights of an attention call (for inspection; :mod:`cyattn.plot`, an optional
+extra needing matplotlib, draws them). :mod:`cyattn.oracle` is a
 pure-Python reference of the same functions. ``python -m cyattn`` prints the configuration,
 checks the kernels against the oracle and runs a short benchmark.
 """
@@ -11,6 +13,7 @@ from ._backend import (kernels as _kernels, variant as _variant, cpu_features as
 from .softmax import softmax, log_softmax
 from .matmul import matmul_accumulate
 from .attention import scaled_dot_product_attention
+from .weights import attention_weights
 from .mha import multi_head_attention, MultiHeadAttention
 from . import oracle
 
@@ -18,8 +21,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "softmax", "log_softmax", "matmul_accumulate", "scaled_dot_product_attention",
-    "multi_head_attention", "MultiHeadAttention", "oracle", "show_config", "config",
-    "__version__",
+    "multi_head_attention", "MultiHeadAttention", "attention_weights", "oracle", "show_config",
+    "config", "__version__",
 ]
 
 

@@ -10,6 +10,7 @@ Subcommands::
                                       the full harness (cyattn._bench): NumPy and PyTorch
                                       side by side, FMA peak, bandwidth, peak memory, a
                                       Markdown table and a PNG plot
+    plot --demo OUT.png               a figure of the mask kinds (needs matplotlib)
 
 Without a subcommand: info, the 3-score example, check, and a short bench (``--quick`` makes
 the bench tiny). The pieces live in :mod:`cyattn._selfcheck` and :mod:`cyattn._bench`.
@@ -51,7 +52,7 @@ def build_parser():
                         help="without a subcommand: run a tiny bench (a few seconds)")
     parser.add_argument("--threads", type=_count, default=1,
                         help="without a subcommand: threads for the bench (default 1)")
-    sub = parser.add_subparsers(dest="command", metavar="{info,check,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{info,check,bench,plot}")
     sub.add_parser("info", help="version, kernel variant, CPU features, OpenMP, threads")
     check = sub.add_parser("check", help="compare the compiled kernels with cyattn.oracle")
     check.add_argument("--cases", type=_count, default=300,
@@ -77,6 +78,10 @@ def build_parser():
     bench.add_argument("--mode", choices=("standard", "short", "quick"), default=None,
                        help=argparse.SUPPRESS)
     _bench.add_full_arguments(bench, common=False)
+    plot = sub.add_parser("plot", help="draw the mask kinds as a PNG (needs matplotlib)")
+    plot.add_argument("--demo", metavar="OUT.png", required=True,
+                      help="write the figure of the mask kinds (causal top-left and "
+                           "bottom-right, padding, window, a fully masked row) to this file")
     return parser
 
 
@@ -150,6 +155,18 @@ def cmd_bench_full(parser, args, argv=None):
     return _bench.full_main(args, rerun)
 
 
+def cmd_plot(path):
+    """Write cyattn.plot.mask_kinds_figure() to ``path``; 2 when matplotlib is missing."""
+    try:
+        import cyattn.plot
+    except ImportError as exc:
+        print(f"python -m cyattn plot: {exc}", file=sys.stderr)
+        return 2
+    cyattn.plot.mask_kinds_figure().savefig(path, dpi=80)
+    print(f"wrote {path}")
+    return 0
+
+
 def main(argv=None):
     """Entry point of ``python -m cyattn`` and the ``cyattn`` command; returns the exit code."""
     parser = build_parser()
@@ -158,6 +175,8 @@ def main(argv=None):
         return cmd_info()
     if args.command == "check":
         return cmd_check(args.cases, args.seed)
+    if args.command == "plot":
+        return cmd_plot(args.demo)
     if args.command == "bench":
         if args.full:
             return cmd_bench_full(parser, args, argv)

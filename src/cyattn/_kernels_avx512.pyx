@@ -4,7 +4,7 @@
 
 VARIANT = "avx512"
 
-# Micro-kernel tiles and blocking for this variant (see the design notes in _kernels_impl.pxi).
+# Micro-kernel tiles and blocking for this variant (see the design note atop _gemm.pxi).
 cdef enum:
     MR = 8              # float32 micro-kernel rows
     NR = 32            # float32 micro-kernel columns (> 16 trips: see PERF-NOTES)
@@ -29,4 +29,4 @@ cdef enum:
     # unpacked; a 64 MiB B from memory stays packed)
     SMALL_B_BYTES = 1 << 22
 
-include "_kernels_impl.pxi"
+include "_kernel_sources.pxi"

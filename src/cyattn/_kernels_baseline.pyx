@@ -5,4 +5,4 @@
 VARIANT = "baseline"
 
 include "_tiles_4x24.pxi"
-include "_kernels_impl.pxi"
+include "_kernel_sources.pxi"

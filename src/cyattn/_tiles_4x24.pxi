@@ -1,6 +1,6 @@
 # Micro-kernel tiles and blocking shared by the baseline and avx2 variants (16 vector
-# registers each): both .pyx include this before _kernels_impl.pxi (see the design notes
-# there; the avx512 variant defines its own).
+# registers each): both .pyx include this before _kernel_sources.pxi (see the design note
+# atop _gemm.pxi; the avx512 variant defines its own).
 cdef enum:
     MR = 4             # float32 micro-kernel rows
     NR = 24            # float32 micro-kernel columns (> 16 trips: see PERF-NOTES)

@@ -276,3 +276,111 @@ def threads_for_work(n_threads, work, per_thread):
     small calls run on one thread. Work splits never change results, so neither does this cap.
     """
     return max(1, min(n_threads, work // per_thread))
+
+
+# ------------------------------------------------------------------------------------------
+# Attention variants (window, softcap, per-sequence lengths, ALiBi slopes, sinks)
+# ------------------------------------------------------------------------------------------
+
+def check_window(window, limit, fname):
+    """``window=(left, right)`` -> (left, right) with -1 for an unbounded side; sides past
+    ``limit`` (S + L + 1, beyond which a side bounds nothing) are clipped to it."""
+    if window is None:
+        return -1, -1
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"{fname}: window must be a (left, right) pair of non-negative ints "
+                        f"or None, got {window!r}")
+    sides = []
+    for side, value in zip(("left", "right"), window):
+        if value is None:
+            sides.append(-1)
+            continue
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{fname}: window {side} side must be a non-negative int or None, "
+                            f"got {type(value).__name__}")
+        value = int(value)
+        if value < 0:
+            raise ValueError(f"{fname}: window {side} side must be >= 0 (or None for "
+                             f"unbounded), got {value}")
+        sides.append(min(value, limit))
+    return sides[0], sides[1]
+
+
+def check_softcap(softcap, compute_dtype, fname):
+    """``softcap`` -> 0.0 (none) or a positive finite float rounded to the compute dtype."""
+    if softcap is None:
+        return 0.0
+    value = check_real(softcap, "softcap", fname)
+    if not (0.0 < value < math.inf):
+        raise ValueError(f"{fname}: softcap must be a positive finite number, got {softcap!r}")
+    rounded = float(np.asarray(value, dtype=compute_dtype))
+    if not (0.0 < rounded < math.inf):
+        raise ValueError(f"{fname}: softcap {softcap!r} is not a positive finite "
+                         f"{np.dtype(compute_dtype).name}")
+    return rounded
+
+
+def per_batch_entry(value, name, batch, fname, *, integer, compute_dtype=None):
+    """One value per batch entry: ``value`` broadcast to ``batch`` (without enlarging it) and
+    flattened in C order, as contiguous int64 (``integer``: lengths, >= 0) or float64 holding
+    values rounded to ``compute_dtype`` (slopes, sinks). None stays None."""
+    if value is None:
+        return None
+    arr = np.asarray(value)
+    if integer:
+        if arr.dtype == np.bool_ or arr.dtype.kind not in "iu":
+            raise TypeError(f"{fname}: {name} must be an integer array, got dtype "
+                            f"{arr.dtype}")
+        if arr.size and arr.min() < 0:
+            raise ValueError(f"{fname}: {name} must be >= 0, got a minimum of {arr.min()}")
+    elif arr.dtype == np.bool_ or arr.dtype.kind not in "iuf" or arr.dtype == object:
+        raise TypeError(f"{fname}: {name} must be a real (float) array, got dtype {arr.dtype}")
+    shape = broadcast_shapes((arr.shape, batch), f"{name} and the batch shape", fname)
+    if shape is None or shape != tuple(batch):
+        raise ValueError(f"{fname}: {name} of shape {arr.shape} does not broadcast to the "
+                         f"batch shape {tuple(batch)} (one value per batch entry, e.g. per "
+                         f"head)")
+    arr = np.broadcast_to(arr, batch).reshape(-1)
+    if integer:
+        return np.ascontiguousarray(np.minimum(arr, np.iinfo(np.int64).max), dtype=np.int64)
+    with np.errstate(over="ignore"):
+        arr = arr.astype(compute_dtype)
+    return np.ascontiguousarray(arr, dtype=np.float64)
+
+
+def attention_batch_shape(fname, enable_gqa, query, **others):
+    """(batch shape, GQA head group) of ``query`` and the arrays in ``others`` (``key``, and
+    ``value`` for attention; keyword names are used in the messages): their batch dims
+    broadcast like ``np.matmul``; with ``enable_gqa`` the head dims (axis -3) of the others
+    must be equal and divide the query's, and query head ``h`` uses their head
+    ``h // group``."""
+    names = ["query", *others]
+    arrays = [query, *others.values()]
+    shapes = [a.shape[:-2] for a in arrays]
+    listed = ", ".join(names[:-1]) + f" and {names[-1]}"
+    if not enable_gqa:
+        batch = broadcast_shapes(shapes, f"the batch dimensions of {listed}", fname)
+        if batch is None:
+            got = ", ".join(f"{n} {s}" for n, s in zip(names[:-1], shapes[:-1]))
+            raise ValueError(f"{fname}: batch dimensions of {got} and {names[-1]} {shapes[-1]} "
+                             f"do not broadcast together")
+        return batch, 1
+    if min(len(s) for s in shapes) < 1:
+        got = ", ".join(str(a.shape) for a in arrays)
+        raise ValueError(f"{fname}: enable_gqa needs a head dimension (axis -3) on {listed}; "
+                         f"got shapes {got}")
+    heads = [s[-1] for s in shapes]
+    hq, kv_heads = heads[0], heads[1:]
+    if len(set(kv_heads)) != 1 or kv_heads[0] == 0 or hq % kv_heads[0]:
+        kv_names = " and ".join(names[1:])
+        need = ("must have the same number of heads dividing the query's" if len(kv_heads) > 1
+                else "must have a number of heads dividing the query's")
+        got = ", ".join(f"{n} {h}" for n, h in zip(names, heads))
+        raise ValueError(f"{fname}: with enable_gqa, {kv_names} {need}; got {got} heads")
+    outer = broadcast_shapes([s[:-1] for s in shapes], f"the batch dimensions of {listed}",
+                             fname)
+    if outer is None:
+        got = ", ".join(f"{n} {s[:-1]}" for n, s in zip(names[:-1], shapes[:-1]))
+        raise ValueError(f"{fname}: batch dimensions of {got} and {names[-1]} "
+                         f"{shapes[-1][:-1]} do not broadcast together")
+    return outer + (hq,), hq // kv_heads[0]

@@ -51,7 +51,9 @@ def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
                                  *, causal_alignment="top_left", enable_gqa=False,
-                                 return_lse=False, out=None, n_threads=None):
+                                 return_lse=False, out=None, n_threads=None, window=None,
+                                 softcap=None, sinks=None, alibi_slopes=None, key_lengths=None,
+                                 query_lengths=None):
     r"""Scaled dot-product attention: ``softmax(scale * query @ key^T + mask) @ value``.
 
     Parameters
@@ -89,28 +91,63 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     n_threads : int, keyword-only, optional
         OpenMP threads: None for the default, a positive count, or negative to count back from
         the maximum (-1 = all).
+    window : (int or None, int or None), keyword-only, optional
+        Sliding window ``(left, right)``: query row ``i`` may see key ``j`` only if
+        ``p(i) - left <= j <= p(i) + right``, where ``p(i)`` is the row's aligned position
+        (``i`` for ``"top_left"``; ``i + K_b - L_b`` for ``"bottom_right"``, ``K_b``/``L_b``
+        the sequence's key and query lengths, S and L without lengths). ``None`` on a side
+        leaves it unbounded. Hugging Face's ``sliding_window=W`` with a causal mask is
+        ``window=(W - 1, 0)``; ONNX Attention's and ggml's windows and JAX's
+        ``local_window_size`` use the same two sides. Key blocks outside every row's window
+        are never computed or read.
+    softcap : float, keyword-only, optional
+        Logit soft-capping ``c > 0``: each scaled score ``s`` becomes ``c * tanh(s / c)``
+        before ALiBi and the masks (Gemma 2, ONNX Attention, ggml, flash-attn). tanh(+-inf) is
+        +-1, so infinite scores are capped too.
+    sinks : array_like of float, keyword-only, optional
+        One logit per head (broadcastable to the batch shape, e.g. ``(H,)`` for
+        ``(B, H, L, E)`` inputs) that joins each row's softmax denominator with no value
+        (gpt-oss attention sinks, ONNX Runtime's ``head_sink``, ggml's ``add_sinks``): the
+        weights sum to ``1 - exp(sink - lse)``. The lse includes it; a row with no permitted
+        key gives output 0 and lse equal to the sink; ``-inf`` has no effect; ``+inf`` takes
+        all the weight (output 0, lse ``+inf``).
+    alibi_slopes : array_like of float, keyword-only, optional
+        Per-head ALiBi slopes (broadcastable to the batch shape): ``-slope * |p(i) - j|`` is
+        added to the scaled (and capped) scores (Press et al. 2022, flash-attn's definition).
+    key_lengths : array_like of int, keyword-only, optional
+        Per-sequence key lengths ``K_b`` (broadcastable to the batch shape, >= 0; values past
+        S act as S): keys ``j >= K_b`` take no part, as a bool padding mask would, without
+        building one, and the key blocks past it are never read.
+    query_lengths : array_like of int, keyword-only, optional
+        Per-sequence query lengths ``L_b`` (broadcastable to the batch shape, >= 0; values
+        past L act as L): rows ``i >= L_b`` give output 0 and lse ``-inf`` and are not
+        computed.
 
     Returns
     -------
     output : ndarray, shape (..., L, Ev)
     lse : ndarray, shape (..., L)
         Only with ``return_lse=True``: natural log of each row's softmax denominator,
-        ``max + log(sum(exp(s - max)))`` over the scaled, masked scores ``s``; ``-inf`` for a
-        fully masked row.
+        ``max + log(sum(exp(s - max)))`` over the scaled, masked scores ``s`` (plus the sink's
+        ``exp``); ``-inf`` for a fully masked row without a sink.
 
     Raises
     ------
     TypeError
         If an input is not a float array, the mask is an integer (or other non-bool, non-float)
         array, ``scale`` is not a real number, ``is_causal``/``enable_gqa``/``return_lse`` is
-        not a bool, or ``n_threads`` is not an int.
+        not a bool, ``n_threads`` is not an int, ``window`` is not a pair of ints or None,
+        ``softcap`` is not a real number, ``key_lengths``/``query_lengths`` are not integer
+        arrays, or ``sinks``/``alibi_slopes`` are not real arrays.
     ValueError
         If an input has fewer than 2 dimensions, E or S do not match between the inputs, the
         batch dimensions do not broadcast (or, with ``enable_gqa``, the query heads are not a
         multiple of the key/value heads), the mask does not broadcast to ``(..., L, S)``
         without enlarging it, ``causal_alignment`` is unknown, ``out`` is not a writable
-        ndarray of the result shape and dtype, or ``n_threads == 0``. A call that raises leaves
-        ``out`` untouched.
+        ndarray of the result shape and dtype, ``n_threads == 0``, a window side is negative,
+        ``softcap`` is not positive and finite, a length is negative, or ``sinks``,
+        ``alibi_slopes``, ``key_lengths`` or ``query_lengths`` do not broadcast to the batch
+        shape. A call that raises leaves ``out`` untouched.
     MemoryError
         If NumPy cannot allocate the result, or if the kernel's scratch (O(tile) per thread,
         growing with E) or, for at most 4 query rows, a contiguous copy of a strided input
@@ -137,10 +174,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     Tasks (batch x head x query block, or key chunk) run in parallel; results are
     bit-identical for any thread count. The GIL is released while the kernel runs.
 
+    Order of the score terms: ``s = scale * q.k``, then the softcap, then ALiBi, then the
+    masks; the bool mask, ``is_causal``, ``window`` and the lengths all remove keys and
+    compose with AND.
+
     Source: Vaswani et al., "Attention Is All You Need", NeurIPS 2017 (eq. 1); online softmax:
     Milakov and Gimelshein, "Online normalizer calculation for softmax", 2018; tiling: Dao et
     al., "FlashAttention", NeurIPS 2022. The masking and fully-masked-row semantics follow
-    PyTorch >= 2.5 ``scaled_dot_product_attention``.
+    PyTorch >= 2.5 ``scaled_dot_product_attention``. Variants: sliding windows, Beltagy et
+    al., "Longformer", 2020 (Mistral, Gemma); softcap, Gemma Team, "Gemma 2", 2024; sinks,
+    Xiao et al., "Efficient Streaming Language Models with Attention Sinks", 2024 (gpt-oss);
+    ALiBi, Press et al., "Train Short, Test Long", ICLR 2022; the per-sequence alignment is
+    flash-attn varlen's and ONNX Attention's (``nonpad_kv_seqlen``).
 
     Examples
     --------
@@ -152,11 +197,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     >>> mask = np.array([[False, False, False]])
     >>> cyattn.scaled_dot_product_attention(q, k, v, mask)
     array([[0., 0.]])
+    >>> cyattn.scaled_dot_product_attention(q, k, v, scale=1.0, window=(0, 0)).round(3)
+    array([[1., 0.]])
+    >>> out, lse = cyattn.scaled_dot_product_attention(q, k, v, mask, sinks=1.5, return_lse=True)
+    >>> out, lse
+    (array([[0., 0.]]), array([1.5]))
     """
-    fast = _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
-                      return_lse, enable_gqa, out, n_threads)
-    if fast is not None:
-        return fast
+    if (window is None and softcap is None and sinks is None and alibi_slopes is None
+            and key_lengths is None and query_lengths is None):
+        fast = _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
+                          return_lse, enable_gqa, out, n_threads)
+        if fast is not None:
+            return fast
     f = _FNAME
     query = V.as_float_array(query, "query", f)
     key = V.as_float_array(key, "key", f)
@@ -177,7 +229,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     if Sv != S:
         raise ValueError(f"{f}: key has S={S} rows (shape {key.shape}) but value has {Sv} "
                          f"(shape {value.shape}); expected equal")
-    batch, group = _batch_shape(query, key, value, enable_gqa)
+    batch, group = V.attention_batch_shape(f, enable_gqa, query, key=key, value=value)
     compute, result = V.float_dtypes(query, key, value)
     if scale is None:
         scale = 1.0 / math.sqrt(E) if E > 0 else 1.0
@@ -186,6 +238,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     kind, mask = V.prepare_mask(attn_mask, "attn_mask", f, compute)
     if kind:
         mask = V.broadcast_mask(mask, batch + (L, S), "attn_mask", f)
+    window_left, window_right = V.check_window(window, S + L + 1, f)
+    softcap = V.check_softcap(softcap, compute, f)
+    key_lengths = V.per_batch_entry(key_lengths, "key_lengths", batch, f, integer=True)
+    query_lengths = V.per_batch_entry(query_lengths, "query_lengths", batch, f, integer=True)
+    alibi_slopes = V.per_batch_entry(alibi_slopes, "alibi_slopes", batch, f, integer=False,
+                                     compute_dtype=compute)
+    sinks = V.per_batch_entry(sinks, "sinks", batch, f, integer=False, compute_dtype=compute)
     out_shape = batch + (L, Ev)
     if out is not None:
         V.check_out(out, out_shape, result, f)
@@ -223,7 +282,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
             value, V.batch_offsets(value, batch, group), value.strides[-2] // item,
             V.column_stride(value),
             mask, kind, m_off, m_rs, m_cs, res, lse, L, S, E, Ev, scale, is_causal,
-            (S - L) if causal_alignment == "bottom_right" else 0, return_lse, n_threads)
+            causal_alignment == "bottom_right", return_lse, n_threads, window_left,
+            window_right, softcap, key_lengths, query_lengths, alibi_slopes, sinks)
     if out is not None:
         if res is not out:
             V.copy_result(out, res)
@@ -233,29 +293,3 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     if return_lse:
         return res, V.to_result(lse, result)
     return res
-
-
-def _batch_shape(query, key, value, enable_gqa):
-    """Broadcast batch shape of the three inputs and the GQA head group size."""
-    qb, kb, vb = query.shape[:-2], key.shape[:-2], value.shape[:-2]
-    if not enable_gqa:
-        batch = V.broadcast_shapes((qb, kb, vb), "the batch dimensions of query, key and value",
-                                   _FNAME)
-        if batch is None:
-            raise ValueError(f"{_FNAME}: batch dimensions of query {qb}, key {kb} and value "
-                             f"{vb} do not broadcast together")
-        return batch, 1
-    if min(len(qb), len(kb), len(vb)) < 1:
-        raise ValueError(f"{_FNAME}: enable_gqa needs a head dimension (axis -3) on query, key "
-                         f"and value; got shapes {query.shape}, {key.shape}, {value.shape}")
-    hq, hk, hv = qb[-1], kb[-1], vb[-1]
-    if hk != hv or hk == 0 or hq % hk:
-        raise ValueError(f"{_FNAME}: with enable_gqa, key and value must have the same number "
-                         f"of heads dividing the query's; got query {hq}, key {hk}, value {hv} "
-                         f"heads")
-    outer = V.broadcast_shapes((qb[:-1], kb[:-1], vb[:-1]),
-                               "the batch dimensions of query, key and value", _FNAME)
-    if outer is None:
-        raise ValueError(f"{_FNAME}: batch dimensions of query {qb[:-1]}, key {kb[:-1]} and "
-                         f"value {vb[:-1]} do not broadcast together")
-    return outer + (hq,), hq // hk

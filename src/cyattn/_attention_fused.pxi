@@ -1,0 +1,527 @@
+# Fused attention: tasks, score panels, masks and the online softmax, and the drivers that
+# split (batch, head, query group) tasks over threads. Rows whose result is not finite are
+# redone by the two-pass path (_attention_two_pass.pxi).
+#
+# Design
+# ------
+# * fused attention (Milakov and Gimelshein 2018; Dao et al. 2022): per task (batch entry, group
+#   of up to QG_DENSE, or QG with a causal mask, query rows) walk the keys in blocks of KB with
+#   an online softmax, transposed:
+#   S^T = K Q^T goes straight into the packed-panel layout (NR query lanes per panel) that
+#   O^T += V^T P^T reads as its B operand, so the weights are never repacked and the column
+#   softmax runs across query lanes. Row limits (causal, window, lengths; see
+#   _attention_variants.pxi) skip whole blocks, the query panels that see none of a block and,
+#   per panel, the keys outside its rows' limits (same bits: their weights are 0), an
+#   all-False bool-mask block is skipped, GQA and broadcasting are offsets per batch entry.
+#   Scratch is O(tile) per thread; the L x S matrix never exists.
+
+# Floor of the online-softmax shift: a query lane that has seen only -inf scores so far is
+# shifted by -FLT_MAX instead of -inf, so exp(-inf - shift) = 0 rather than NaN. A module
+# variable, so that gcc turns max(m, floor) into vmaxps (see EXP_LO_F32).
+cdef float SHIFT_FLOOR_F32 = -3.4028234663852886e38
+cdef double SHIFT_FLOOR_F64 = -1.7976931348623157e308
+
+
+cdef void panel_online_softmax(floating* panel, Py_ssize_t kb, floating* row_m, floating* row_l,
+                               floating* factor) noexcept nogil:
+    """Online-softmax update of one query panel (nr query lanes) with a block of kb keys.
+
+    panel[p * nr + j] is the score of key p for query lane j (masks applied). For each lane:
+    the running maximum row_m grows to include the block, factor = exp(old max - new max)
+    rescales the running sum row_l (and, by the caller, the accumulated output), and the
+    panel becomes the unnormalised weights exp(score - max). All loops run across the nr
+    lanes, so they vectorise; a lane's sum is accumulated over keys in order.
+    """
+    cdef Py_ssize_t p, j
+    cdef floating col_max[NR_MAX]
+    cdef floating col_min[NR_MAX]
+    cdef floating kept_min[NR_MAX]
+    cdef floating shift[NR_MAX]
+    cdef floating neg_inf = <floating>-CYATTN_INF
+    cdef floating pos_inf = <floating>CYATTN_INF
+    cdef int kept_nonpos
+    cdef floating normal = EXP_NORMAL_F32 if floating is float else EXP_NORMAL_F64
+    cdef int nonpos
+    cdef floating part[NR_MAX]
+    cdef floating s, e
+    cdef floating floor_ = SHIFT_FLOOR_F32 if floating is float else SHIFT_FLOOR_F64
+    cdef floating* row
+    if floating is float:
+        for j in range(NR):
+            col_max[j] = row_m[j]
+            col_min[j] = <floating>CYATTN_INF
+            part[j] = 0
+        for p in range(kb):
+            row = panel + p * NR
+            for j in range(NR):
+                s = row[j]
+                col_max[j] = s if s > col_max[j] else col_max[j]
+                col_min[j] = s if s < col_min[j] else col_min[j]
+        nonpos = 1
+        kept_nonpos = 1
+        for j in range(NR):
+            shift[j] = col_max[j] if col_max[j] > floor_ else floor_
+            factor[j] = exp_any(row_m[j] - shift[j])
+            row_m[j] = col_max[j]
+            nonpos = nonpos & (col_min[j] - shift[j] >= normal)
+        if not nonpos:              # the minimum over the unmasked scores (a second pass only
+            for j in range(NR):     # here: in the first it cost a dense call 1-4 %)
+                kept_min[j] = pos_inf
+            for p in range(kb):
+                row = panel + p * NR
+                for j in range(NR):
+                    s = row[j]
+                    s = s if s > neg_inf else pos_inf
+                    kept_min[j] = s if s < kept_min[j] else kept_min[j]
+            for j in range(NR):
+                kept_nonpos = kept_nonpos & (kept_min[j] - shift[j] >= normal)
+        if nonpos:                  # no masked or far-off score: the same bits, fewer steps
+            for p in range(kb):
+                row = panel + p * NR
+                for j in range(NR):
+                    e = exp_nonpos(row[j] - shift[j])
+                    row[j] = e
+                    part[j] += e
+        elif kept_nonpos:           # masked (-inf) scores, the others in range: as above, with
+            for p in range(kb):     # the masked ones exactly 0, as exp_any makes them
+                row = panel + p * NR
+                for j in range(NR):
+                    e = exp_nonpos_or_zero(row[j], shift[j])
+                    row[j] = e
+                    part[j] += e
+        else:
+            for p in range(kb):
+                row = panel + p * NR
+                for j in range(NR):
+                    e = exp_any(row[j] - shift[j])
+                    row[j] = e
+                    part[j] += e
+        for j in range(NR):
+            row_l[j] = row_l[j] * factor[j] + part[j]
+    else:
+        for j in range(NRD):
+            col_max[j] = row_m[j]
+            col_min[j] = <floating>CYATTN_INF
+            part[j] = 0
+        for p in range(kb):
+            row = panel + p * NRD
+            for j in range(NRD):
+                s = row[j]
+                col_max[j] = s if s > col_max[j] else col_max[j]
+                col_min[j] = s if s < col_min[j] else col_min[j]
+        nonpos = 1
+        kept_nonpos = 1
+        for j in range(NRD):
+            shift[j] = col_max[j] if col_max[j] > floor_ else floor_
+            factor[j] = exp_any(row_m[j] - shift[j])
+            row_m[j] = col_max[j]
+            nonpos = nonpos & (col_min[j] - shift[j] >= normal)
+        if not nonpos:              # the minimum over the unmasked scores (a second pass only
+            for j in range(NRD):    # here: in the first it cost a dense call 1-4 %)
+                kept_min[j] = pos_inf
+            for p in range(kb):
+                row = panel + p * NRD
+                for j in range(NRD):
+                    s = row[j]
+                    s = s if s > neg_inf else pos_inf
+                    kept_min[j] = s if s < kept_min[j] else kept_min[j]
+            for j in range(NRD):
+                kept_nonpos = kept_nonpos & (kept_min[j] - shift[j] >= normal)
+        if nonpos:                  # no masked or far-off score: the same bits, fewer steps
+            for p in range(kb):
+                row = panel + p * NRD
+                for j in range(NRD):
+                    e = exp_nonpos(row[j] - shift[j])
+                    row[j] = e
+                    part[j] += e
+        elif kept_nonpos:           # masked (-inf) scores, the others in range: as above, with
+            for p in range(kb):     # the masked ones exactly 0, as exp_any makes them
+                row = panel + p * NRD
+                for j in range(NRD):
+                    e = exp_nonpos_or_zero(row[j], shift[j])
+                    row[j] = e
+                    part[j] += e
+        else:
+            for p in range(kb):
+                row = panel + p * NRD
+                for j in range(NRD):
+                    e = exp_any(row[j] - shift[j])
+                    row[j] = e
+                    part[j] += e
+        for j in range(NRD):
+            row_l[j] = row_l[j] * factor[j] + part[j]
+
+
+cdef void panel_masks(floating* panel, Py_ssize_t kb, Py_ssize_t nr, Py_ssize_t lanes,
+                      Py_ssize_t q0, Py_ssize_t j0,
+                      const uint8_t* bmask, const floating* amask,
+                      Py_ssize_t m_rs, Py_ssize_t m_cs,
+                      const RowLimits* lim) noexcept nogil:
+    """Apply the score transforms, the row limits and the masks to a panel: key j0 + p,
+    query q0 + j (j < lanes).
+
+    Lanes past ``lanes`` are padding (no query) and are left alone by the masks, so no mask
+    row past the last query is read.
+    """
+    cdef Py_ssize_t p, j, cut, first, start
+    cdef floating neg_inf = <floating>-CYATTN_INF
+    cdef floating* row
+    cdef const uint8_t* b_col
+    cdef const floating* a_col
+    if lim.has_softcap or lim.has_slope:
+        panel_transform(panel, kb, nr, q0, j0, lim)
+    # One loop per mask, each over the keys it touches only (every element still sees the
+    # limits, then the bool mask, then the additive mask); a panel without masks costs
+    # nothing (a do-nothing loop over the keys was ~2 % of an unmasked call).
+    if lim.has_hi:
+        # query i sees key j0 + p iff j0 + p < i + hi_off: lanes j < cut are cut off
+        first = lim.hi_off + q0 - j0
+        for p in range(first if first > 0 else 0, kb):
+            row = panel + p * nr
+            cut = j0 + p - lim.hi_off - q0 + 1
+            if cut > nr:
+                cut = nr
+            for j in range(cut):
+                row[j] = neg_inf
+    if lim.has_lo:
+        # query i sees key j0 + p iff j0 + p >= i + lo_off: lanes j >= start are cut off
+        for p in range(kb):
+            start = j0 + p - lim.lo_off - q0 + 1
+            if start >= nr:
+                break
+            row = panel + p * nr
+            for j in range(start if start > 0 else 0, nr):
+                row[j] = neg_inf
+    if bmask != NULL:
+        for p in range(kb):
+            row = panel + p * nr
+            b_col = bmask + q0 * m_rs + (j0 + p) * m_cs
+            if m_rs == 0:
+                if not b_col[0]:
+                    for j in range(lanes):
+                        row[j] = neg_inf
+            else:
+                for j in range(lanes):
+                    if not b_col[j * m_rs]:
+                        row[j] = neg_inf
+    if amask != NULL:
+        for p in range(kb):
+            row = panel + p * nr
+            a_col = amask + q0 * m_rs + (j0 + p) * m_cs
+            if m_rs == 0:
+                for j in range(lanes):
+                    row[j] = row[j] + a_col[0]
+            else:
+                for j in range(lanes):
+                    row[j] = row[j] + a_col[j * m_rs]
+
+
+cdef bint bool_block_empty(const uint8_t* bmask, Py_ssize_t m_rs, Py_ssize_t m_cs,
+                           Py_ssize_t i_first, Py_ssize_t i_last, Py_ssize_t j0,
+                           Py_ssize_t kb) noexcept nogil:
+    """True if the bool mask permits no key j0 .. j0+kb for any query i_first .. i_last-1."""
+    cdef Py_ssize_t i, j
+    cdef const uint8_t* m_row
+    cdef int any_kept = 0
+    if m_rs == 0:
+        i_last = i_first + 1                   # the mask is the same for every query
+    for i in range(i_first, i_last):
+        m_row = bmask + i * m_rs + j0 * m_cs
+        if m_cs == 1:
+            for j in range(kb):
+                any_kept |= m_row[j]
+        else:
+            for j in range(kb):
+                any_kept |= m_row[j * m_cs]
+        if any_kept:
+            return False
+    return True
+
+
+cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
+                               const floating* k, Py_ssize_t k_rs, Py_ssize_t k_cs,
+                               const floating* v, Py_ssize_t v_rs, Py_ssize_t v_cs,
+                               const uint8_t* bmask, const floating* amask,
+                               Py_ssize_t m_rs, Py_ssize_t m_cs,
+                               floating* out, floating* lse,
+                               Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t S,
+                               Py_ssize_t E, Py_ssize_t Ev, floating scale,
+                               const RowLimits* lim,
+                               floating* qt_packed, floating* k_packed, floating* vt_packed,
+                               floating* tile, floating* ot, Py_ssize_t ld_o,
+                               floating* row_m, floating* row_l, floating* factor,
+                               bint want_lse) noexcept nogil:
+    """Rows i0 .. i0+rows of one (batch, head) by the online softmax over key blocks of KB.
+
+    Transposed formulation: per key block, S^T = K Q^T is computed straight into ``tile`` in
+    the packed-panel layout (nr query lanes per panel, one row per key) that the next product
+    reads as its B operand, so P is never repacked; the column softmax runs across query
+    lanes (vectorised); then O^T += V^T P^T. Only the keys lo(first row) .. hi(last row) are
+    visited (_attention_variants.pxi); per block, query panels whose rows see none of its keys
+    are skipped, as are blocks a bool mask removes entirely, and a panel computes only the
+    keys from its first row's lo to its last row's hi. At the end out = (O^T)^T / sum and
+    lse = max + log(sum), the sink merged in. Without ``want_lse`` (the caller discards lse)
+    max + sum is stored instead: it is inf or NaN exactly when max + log(sum) is (sum is at
+    least 1 and at most S + 1), which is all that redo_nonfinite_rows reads, and it saves a log
+    per row (2-3 % of a call with L = S = 128). Rows at or past the query length are not
+    computed: output 0, lse -inf.
+    """
+    cdef Py_ssize_t mr = MR if floating is float else MRD
+    cdef Py_ssize_t nr = NR if floating is float else NRD
+    cdef Py_ssize_t live = lim.lend - i0 if lim.lend - i0 < rows else rows
+    cdef Py_ssize_t panels, kv_beg, kv_end, j0, kb, kq, ks, jp, jp0, jp1, ir, pc, kc, r, e
+    cdef Py_ssize_t first_q, last_q, lanes, q_first, n_keys
+    cdef floating inv, acc, w, f, l2, m2
+    cdef bint v_bad, rescale
+    cdef floating* o_row
+    cdef floating* panel
+    cdef floating* ot_col
+    live = 0 if live < 0 else live
+    for r in range(live, rows):                 # past the query length: output 0, lse -inf
+        for e in range(Ev):
+            out[r * Ev + e] = 0
+        lse[r] = <floating>-CYATTN_INF
+    rows = live
+    if rows == 0:
+        return
+    panels = (rows + nr - 1) // nr
+    for r in range(panels * nr):
+        row_m[r] = <floating>-CYATTN_INF
+        row_l[r] = 0
+    memset(ot, 0, <size_t>(ld_o * (Ev if Ev > 0 else 1)) * sizeof(floating))
+    kv_beg = row_lo(lim, i0)                    # the first key the first row may see
+    kv_end = row_hi(lim, i0 + rows - 1)         # one past the last key any row here may see
+    if kv_end > kv_beg:
+        pack_b(E, rows, q + i0 * q_rs, q_cs, q_rs, qt_packed, nr)      # Q^T: E x rows
+    j0 = (kv_beg // KB) * KB                    # blocks start at multiples of KB
+    while j0 < kv_end:
+        kb = kv_end - j0 if kv_end - j0 < KB else KB
+        jp0 = 0
+        if lim.has_hi:                          # queries before first_q see none of the keys
+            first_q = j0 - lim.hi_off + 1 - i0
+            jp0 = 0 if first_q < 0 else first_q // nr
+        jp1 = panels
+        if lim.has_lo:                          # queries from last_q on see none of them
+            last_q = j0 + kb - lim.lo_off - i0
+            last_q = 0 if last_q < 0 else last_q
+            jp1 = (last_q + nr - 1) // nr
+            jp1 = panels if jp1 > panels else jp1
+        if jp1 <= jp0 or (bmask != NULL and bool_block_empty(
+                bmask, m_rs, m_cs, i0 + jp0 * nr,
+                i0 + jp1 * nr if i0 + jp1 * nr < i0 + rows else i0 + rows, j0, kb)):
+            j0 += KB
+            continue
+        pack_a(kb, E, k + j0 * k_rs, k_rs, k_cs, k_packed, mr)         # K block: kb x E
+        v_bad = False
+        if Ev > 0:
+            pack_a(Ev, kb, v + j0 * v_rs, v_cs, v_rs, vt_packed, mr)   # V^T: Ev x kb
+            v_bad = has_nonfinite(vt_packed, 1, round_up(Ev, mr) * kb, 0, 1)
+        for jp in range(jp0, jp1):
+            lanes = rows - jp * nr if rows - jp * nr < nr else nr
+            q_first = i0 + jp * nr
+            # keys ks .. kq of the block: from the first lane's lo (rounded down to a
+            # micro-tile of keys) to the last lane's hi
+            kq = row_hi(lim, q_first + lanes - 1) - j0
+            kq = kb if kq > kb else kq
+            ks = row_lo(lim, q_first) - j0
+            ks = 0 if ks < 0 else (ks // mr) * mr
+            if ks >= kq:
+                continue                        # no lane sees a key of this block
+            n_keys = kq - ks
+            panel = tile + ks * nr              # one panel at a time: KB x nr scratch
+            # scores^T for this query panel: (kb x E) @ (E x nr), into the panel layout
+            ir = ks
+            while ir < kq:
+                if E <= 0:
+                    for r in range(ir * nr, (ir + mr if ir + mr < kq else kq) * nr):
+                        tile[r] = 0
+                pc = 0
+                while pc < E:
+                    kc = E - pc if E - pc < KC else KC
+                    if floating is float:
+                        micro_kernel_f32(kc, k_packed + ir * E + pc * mr,
+                                         qt_packed + jp * E * nr + pc * nr,
+                                         tile + ir * nr, nr, 1,
+                                         kq - ir if kq - ir < mr else mr, nr, scale, pc == 0)
+                    else:
+                        micro_kernel_f64(kc, k_packed + ir * E + pc * mr,
+                                         qt_packed + jp * E * nr + pc * nr,
+                                         tile + ir * nr, nr, 1,
+                                         kq - ir if kq - ir < mr else mr, nr, scale, pc == 0)
+                    pc += KC
+                ir += mr
+            panel_masks(panel, n_keys, nr, lanes, q_first, j0 + ks, bmask, amask, m_rs, m_cs,
+                        lim)
+            panel_online_softmax(panel, n_keys, row_m + jp * nr, row_l + jp * nr, factor)
+            if Ev <= 0:
+                continue
+            rescale = False
+            for r in range(nr):
+                rescale = rescale | (factor[r] != 1)
+            if rescale:                         # x * 1 == x: skip when no lane's max grew
+                for e in range(Ev):
+                    ot_col = ot + e * ld_o + jp * nr
+                    for r in range(nr):
+                        ot_col[r] = ot_col[r] * factor[r]
+            if v_bad:
+                # inf/NaN among these values: the same sums, in the same order, over the keys
+                # with a nonzero weight only, so a masked key's value is never read
+                for e in range(Ev):
+                    ot_col = ot + e * ld_o + jp * nr
+                    for r in range(nr):
+                        acc = 0
+                        for pc in range(n_keys):
+                            w = panel[pc * nr + r]
+                            if w != 0:
+                                if floating is float:
+                                    acc = CYATTN_MULADD_F32(
+                                        w, v[(j0 + ks + pc) * v_rs + e * v_cs], acc)
+                                else:
+                                    acc = CYATTN_MULADD_F64(
+                                        w, v[(j0 + ks + pc) * v_rs + e * v_cs], acc)
+                        ot_col[r] = ot_col[r] + acc
+                continue
+            # O^T += V^T (Ev x n_keys) @ P^T (n_keys x nr); a key past kq has weight 0 in
+            # every lane, and so has one before ks
+            ir = 0
+            while ir < Ev:
+                pc = 0
+                while pc < n_keys:
+                    kc = n_keys - pc if n_keys - pc < KC else KC
+                    if floating is float:
+                        micro_kernel_f32(kc, vt_packed + ir * kb + (ks + pc) * mr,
+                                         panel + pc * nr,
+                                         ot + ir * ld_o + jp * nr, ld_o, 1,
+                                         Ev - ir if Ev - ir < mr else mr, nr, 1, False)
+                    else:
+                        micro_kernel_f64(kc, vt_packed + ir * kb + (ks + pc) * mr,
+                                         panel + pc * nr,
+                                         ot + ir * ld_o + jp * nr, ld_o, 1,
+                                         Ev - ir if Ev - ir < mr else mr, nr, 1, False)
+                    pc += KC
+                ir += mr
+        j0 += KB
+    for r in range(rows):
+        o_row = out + r * Ev
+        sink_merge(lim, row_m[r], row_l[r], &f, &l2, &m2)
+        if l2 == 0:                             # fully masked: output 0, lse -inf
+            for e in range(Ev):
+                o_row[e] = 0
+            lse[r] = <floating>-CYATTN_INF
+            continue
+        inv = f / l2
+        for e in range(Ev):
+            o_row[e] = ot[e * ld_o + r] * inv
+        if want_lse:
+            lse[r] = m2 + <floating>log(l2)
+        else:
+            lse[r] = m2 + l2
+
+
+cdef int attention_worker(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
+                          Py_ssize_t q_cs,
+                          const floating* k, const int64_t* k_off, Py_ssize_t k_rs, Py_ssize_t k_cs,
+                          const floating* v, const int64_t* v_off, Py_ssize_t v_rs, Py_ssize_t v_cs,
+                          const uint8_t* bmask, const floating* amask, const int64_t* m_off,
+                          Py_ssize_t m_rs, Py_ssize_t m_cs,
+                          floating* out, floating* lse,
+                          Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E,
+                          Py_ssize_t Ev, floating scale, const AttnVariant* var,
+                          Py_ssize_t qg, bint want_lse, Py_ssize_t first,
+                          Py_ssize_t step) noexcept nogil:
+    """Fused attention tasks first, first + step, ... with this worker's own scratch;
+    1 if it cannot be allocated. See fused_attention."""
+    cdef Py_ssize_t groups = (L + qg - 1) // qg
+    cdef Py_ssize_t ntasks = batch * groups
+    cdef Py_ssize_t t, bi, i0, rows, mo
+    cdef RowLimits lim
+    cdef Py_ssize_t nr = NR if floating is float else NRD
+    cdef Py_ssize_t mr = MR if floating is float else MRD
+    cdef Py_ssize_t qlanes = round_up(qg if qg < L else L, nr)
+    cdef Py_ssize_t e1 = E if E > 0 else 1
+    cdef Py_ssize_t ev1 = Ev if Ev > 0 else 1
+    cdef size_t bytes_q = <size_t>(qlanes * e1) * sizeof(floating)
+    cdef size_t bytes_k = <size_t>(round_up(KB, mr) * e1) * sizeof(floating)
+    cdef size_t bytes_v = <size_t>(round_up(ev1, mr) * KB) * sizeof(floating)
+    cdef size_t bytes_tile = <size_t>(nr * KB) * sizeof(floating)
+    # O^T rows one cache line longer than the query lanes: at 1024 lanes the rows of a
+    # micro-tile would be 4 KiB apart and fall into one L1 set
+    cdef Py_ssize_t ld_o = qlanes + 64 // sizeof(floating)
+    cdef size_t bytes_o = <size_t>(ld_o * ev1) * sizeof(floating)
+    cdef size_t bytes_rows = <size_t>(3 * qlanes) * sizeof(floating)
+    cdef void* raw = malloc(bytes_q + bytes_k + bytes_v + bytes_tile + bytes_o + bytes_rows
+                            + 7 * ALIGN)
+    cdef floating* qt_packed
+    cdef floating* k_packed
+    cdef floating* vt_packed
+    cdef floating* tile
+    cdef floating* ot
+    cdef floating* row_m
+    if raw == NULL:
+        return 1
+    qt_packed = <floating*>align_ptr(raw)
+    k_packed = <floating*>align_ptr(<char*>qt_packed + bytes_q)
+    vt_packed = <floating*>align_ptr(<char*>k_packed + bytes_k)
+    tile = <floating*>align_ptr(<char*>vt_packed + bytes_v)
+    ot = <floating*>align_ptr(<char*>tile + bytes_tile)
+    row_m = <floating*>align_ptr(<char*>ot + bytes_o)
+    t = first
+    while t < ntasks:
+        bi = t % batch
+        i0 = (t // batch) * qg
+        rows = L - i0 if L - i0 < qg else qg
+        mo = m_off[bi] if m_off != NULL else 0
+        row_limits(var, bi, L, S, &lim)
+        fused_attention_task(q + q_off[bi], q_rs, q_cs, k + k_off[bi], k_rs, k_cs,
+                             v + v_off[bi], v_rs, v_cs,
+                             bmask + mo if bmask != NULL else NULL,
+                             amask + mo if amask != NULL else NULL, m_rs, m_cs,
+                             out + (bi * L + i0) * Ev, lse + bi * L + i0,
+                             i0, rows, S, E, Ev, scale, &lim,
+                             qt_packed, k_packed, vt_packed, tile, ot, ld_o,
+                             row_m, row_m + qlanes, row_m + 2 * qlanes, want_lse)
+        if redo_nonfinite_rows(q + q_off[bi], q_rs, q_cs, k + k_off[bi], k_rs, k_cs,
+                               v + v_off[bi], v_rs, v_cs,
+                               bmask + mo if bmask != NULL else NULL,
+                               amask + mo if amask != NULL else NULL, m_rs, m_cs,
+                               out + (bi * L + i0) * Ev, lse + bi * L + i0,
+                               i0, rows, S, E, Ev, scale, &lim):
+            free(raw)
+            return 1
+        t += step
+    free(raw)
+    return 0
+
+
+cdef void fused_attention(const floating* q, const int64_t* q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
+                         const floating* k, const int64_t* k_off, Py_ssize_t k_rs, Py_ssize_t k_cs,
+                         const floating* v, const int64_t* v_off, Py_ssize_t v_rs, Py_ssize_t v_cs,
+                         const uint8_t* bmask, const floating* amask, const int64_t* m_off,
+                         Py_ssize_t m_rs, Py_ssize_t m_cs,
+                         floating* out, floating* lse,
+                         Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E, Py_ssize_t Ev,
+                         floating scale, const AttnVariant* var, Py_ssize_t qg,
+                         bint want_lse, int n_threads, int* status) noexcept nogil:
+    """Tasks (query group of qg rows, batch entry) in parallel, dealt out round-robin.
+
+    Task t covers batch entry t % batch and query group t // batch, so that consecutive tasks,
+    dealt out one at a time, belong to different heads and a causal mask's cheap early groups
+    and expensive late ones spread over the threads. Scratch per thread is O(tile): packed Q^T
+    (E x qg), one key block of K (KB x E) and V^T (Ev x KB), the score tile (KB x qg) and the
+    output accumulator O^T (Ev x qg), allocated once per call. Rows whose result is not finite
+    are redone by two_pass_rows (see there). One thread runs without an OpenMP region.
+    """
+    cdef Py_ssize_t w
+    if batch <= 0 or L <= 0:
+        return
+    if n_threads <= 1:
+        if attention_worker(q, q_off, q_rs, q_cs, k, k_off, k_rs, k_cs, v, v_off, v_rs, v_cs,
+                            bmask, amask, m_off, m_rs, m_cs, out, lse, batch, L, S, E, Ev,
+                            scale, var, qg, want_lse, 0, 1):
+            status[0] = 1
+        return
+    for w in prange(n_threads, num_threads=n_threads, schedule='static', chunksize=1):
+        if attention_worker(q, q_off, q_rs, q_cs, k, k_off, k_rs, k_cs, v, v_off, v_rs, v_cs,
+                            bmask, amask, m_off, m_rs, m_cs, out, lse, batch, L, S, E, Ev,
+                            scale, var, qg, want_lse, w, n_threads):
+            status[0] = 1

@@ -1,0 +1,68 @@
+# Shared by every kernel file: C-level imports, the extern helpers Cython cannot express, and
+# the blocking constants that do not depend on the variant. _kernel_sources.pxi includes this
+# first; each variant module (_kernels_baseline.pyx, _kernels_avx2.pyx, _kernels_avx512.pyx)
+# defines its micro-kernel tile, then includes _kernel_sources.pxi, so the same loops become SSE2
+# code in one, 256-bit FMA code in the next and 512-bit code in the last.
+#
+# Cython reads `# cython:` directive comments only at the top of the module file itself, so
+# the directives that hold for the kernels are the ones the variant .pyx files set.
+#
+# Design
+# ------
+# * threads: OpenMP only over independent tasks (rows, output tiles, attention tasks), each
+#   worker with its own scratch allocated once per call; one thread runs without an OpenMP
+#   region. No reduction is ever split across threads. No global mutable state.
+
+from libc.stdlib cimport malloc, free
+from libc.string cimport memset, memcpy
+from libc.math cimport log, isnan, sqrt
+from libc.stdint cimport int32_t, uint32_t, int64_t, uint64_t, uint8_t, uintptr_t
+from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_RECORDS_RO, PyBUF_RECORDS,
+                             PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE)
+cimport cython
+from cython cimport floating
+from cython.parallel cimport prange, parallel
+
+from ._kernels cimport (cyattn_cpu_features, cyattn_openmp_enabled, cyattn_omp_max_threads,
+                        cyattn_omp_num_procs, cyattn_omp_pause, cyattn_prefetch_w,
+                        cyattn_prefetch_r)
+
+cdef extern from *:
+    """
+    #include <math.h>
+    #define CYATTN_INF ((double)INFINITY)
+    #define CYATTN_NAN ((double)NAN)
+    /* c + a * b rounded as the vectorised micro-kernel rounds it: fused where the variant has
+       FMA (gcc contracts the micro-kernel's multiply-add there), separately where it has not. */
+    #if defined(__FMA__)
+    #define CYATTN_MULADD_F32(a, b, c) fmaf((a), (b), (c))
+    #define CYATTN_MULADD_F64(a, b, c) fma((a), (b), (c))
+    #else
+    #define CYATTN_MULADD_F32(a, b, c) ((a) * (b) + (c))
+    #define CYATTN_MULADD_F64(a, b, c) ((a) * (b) + (c))
+    #endif
+    """
+    double CYATTN_INF
+    double CYATTN_NAN
+    float CYATTN_MULADD_F32(float a, float b, float c) nogil
+    double CYATTN_MULADD_F64(double a, double b, double c) nogil
+
+# The micro-kernel tile (MR x NR float32, MRD x NRD float64) and the blocking MC, NC depend on
+# the register file, so each variant module defines them before including this file.
+cdef enum:
+    LANES = 32        # partial maxima / sums per row (lanes_sum/lanes_max/lanes_min assume 32)
+    KC = 256          # depth of a packed panel
+    QB = 64           # query rows per block of the two-pass (fallback) attention path
+    KB = 256          # keys per block of the fused attention (score tile qg x KB)
+    QG = 256          # query rows per causal fused attention task (halved down to 64 for
+    #                   parallelism); smaller tasks keep a causal mask's uneven work balanced
+    QG_DENSE = 1024   # the same without a causal mask and E + Ev <= 256: K and V are packed
+    #                   once per task, so bigger groups pack them less often (+5-13 %)
+    DECODE_MAX_L = 4  # at most this many query rows take the decode path ...
+    DECODE_MIN_WORK = 1024  # ... when batch * S * (E + Ev) >= L * this: the fused path pads
+    #                         its query tile to NR rows (up to 32x the work at L = 1) and is
+    #                         2-4x slower; only for tiny problems is its lower fixed cost less
+    DECODE_PF_BYTES = 4096  # software prefetch distance of the decode loops
+    DECODE_CHUNK = 512   # keys per decode task (fixed: results must not depend on threads)
+    ALIGN = 64        # scratch alignment in bytes
+    SMALL_MNK = 96 * 96 * 96   # matmul products up to this size run unpacked (gemm_small)

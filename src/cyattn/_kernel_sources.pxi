@@ -1,0 +1,13 @@
+# The kernel source files, in the order the variant modules compile them. Each variant module
+# (_kernels_baseline.pyx, _kernels_avx2.pyx, _kernels_avx512.pyx) defines its micro-kernel tile
+# and then includes this list; each file opens with the design note of its concern.
+include "_kernel_common.pxi"      # imports, C helpers, variant-independent blocking constants
+include "_exp.pxi"                # exp and tanh (float32/float64)
+include "_softmax_rows.pxi"       # softmax / log_softmax rows, masked and unmasked
+include "_gemm.pxi"               # packing, micro-kernels, GEMM drivers (matmul_accumulate)
+include "_attention_variants.pxi" # row limits (causal, window, lengths), softcap, ALiBi, sinks
+include "_attention_fused.pxi"    # fused attention: tasks, panels, masks, online softmax
+include "_attention_two_pass.pxi" # the two-pass path that redoes non-finite rows
+include "_attention_decode.pxi"   # decode: a few query rows streamed over K and V
+include "_entry_points.pxi"       # Python-facing def functions: buffers, fast-path checks
+include "_probes.pxi"             # CPU features, OpenMP runtime, FMA peak probe

@@ -1,0 +1,65 @@
+# Machine probes: the CPU features and OpenMP runtime this module sees, and the FMA peak
+# probe the bench uses as the machine's compute limit.
+
+def cpu_features():
+    """Bit set of CPU features (see _cyattn_support.h)."""
+    return cyattn_cpu_features()
+
+
+def openmp_enabled():
+    """True if this module was compiled with OpenMP."""
+    return bool(cyattn_openmp_enabled())
+
+
+def omp_max_threads():
+    """The OpenMP runtime's current default team size (1 without OpenMP)."""
+    return cyattn_omp_max_threads()
+
+
+def omp_num_procs():
+    return cyattn_omp_num_procs()
+
+
+def omp_pause():
+    """Release the OpenMP thread pool (before fork); 0 on success."""
+    return cyattn_omp_pause()
+
+
+cdef extern from *:
+    """
+    /* Independent multiply-add chains of the FMA peak probe: twelve vector registers' worth on
+       every ISA, so that all accumulators stay in registers on the 16-register ones (SSE2 and
+       NEON 128-bit, AVX2 256-bit) as on AVX-512 (32 registers). 192 float32 chains on AVX2 were
+       24 ymm registers: gcc spilled them, and a Zen 1 host reported 26.8 GFLOP/s per core where
+       OpenBLAS's sgemm ran at 36.4. Twelve chains cover two FMA pipes of up to 6 cycles. */
+    #if defined(__AVX512F__)
+    #define CYATTN_PROBE_LANES 192
+    #elif defined(__AVX__)
+    #define CYATTN_PROBE_LANES 96
+    #else
+    #define CYATTN_PROBE_LANES 48
+    #endif
+    """
+    enum: PROBE_LANES "CYATTN_PROBE_LANES"
+
+
+def fma_probe(Py_ssize_t iters):
+    """Run ``iters`` rounds of PROBE_LANES independent float32 multiply-adds (one thread).
+
+    Returns ``(flops, checksum)``. The bench times it to estimate the core's FMA peak: the
+    chains are independent, so the loop is bound by the FMA units, not by their latency.
+    """
+    cdef float acc[PROBE_LANES]
+    cdef float mul = <float>0.999999
+    cdef float add = <float>1e-7
+    cdef Py_ssize_t it, j
+    cdef double checksum = 0.0
+    with nogil:
+        for j in range(PROBE_LANES):
+            acc[j] = <float>j * <float>1e-3
+        for it in range(iters):
+            for j in range(PROBE_LANES):
+                acc[j] = acc[j] * mul + add
+        for j in range(PROBE_LANES):
+            checksum += acc[j]
+    return 2 * iters * PROBE_LANES, checksum

@@ -1,0 +1,411 @@
+# Softmax and log-softmax rows, masked and unmasked: the kernels behind cyattn.softmax and
+# cyattn.log_softmax, and the row passes the two-pass attention path reuses.
+#
+# Design
+# ------
+# * softmax rows: three passes (max and min; exp and sum; scale) with LANES lane-wise partial
+#   maxima and sums combined in a fixed order, so results do not depend on threads. Unmasked
+#   rows run two at a time with fused loops (softmax_pair_to), the same bits as one by one.
+
+cdef inline floating lanes_sum(floating* part) noexcept nogil:
+    """part[0] + ... + part[LANES-1] combined pairwise (lane j with j + 16, then + 8, ...).
+
+    Constant trip counts, so gcc emits a few vector adds instead of a scalar loop that goes
+    through memory (it was a measurable part of a 128-element softmax row). Overwrites part.
+    """
+    cdef Py_ssize_t lane
+    for lane in range(16):
+        part[lane] += part[lane + 16]
+    for lane in range(8):
+        part[lane] += part[lane + 8]
+    for lane in range(4):
+        part[lane] += part[lane + 4]
+    for lane in range(2):
+        part[lane] += part[lane + 2]
+    return part[0] + part[1]
+
+
+cdef inline floating lanes_max(floating* part) noexcept nogil:
+    """max(part[0:LANES]) by the same pairwise tree as lanes_sum (no NaN in part). Overwrites
+    part."""
+    cdef Py_ssize_t lane
+    for lane in range(16):
+        part[lane] = part[lane + 16] if part[lane + 16] > part[lane] else part[lane]
+    for lane in range(8):
+        part[lane] = part[lane + 8] if part[lane + 8] > part[lane] else part[lane]
+    for lane in range(4):
+        part[lane] = part[lane + 4] if part[lane + 4] > part[lane] else part[lane]
+    for lane in range(2):
+        part[lane] = part[lane + 2] if part[lane + 2] > part[lane] else part[lane]
+    return part[1] if part[1] > part[0] else part[0]
+
+
+cdef inline floating lanes_min(floating* part) noexcept nogil:
+    """min(part[0:LANES]) by the pairwise tree of lanes_max (no NaN in part). Overwrites part."""
+    cdef Py_ssize_t lane
+    for lane in range(16):
+        part[lane] = part[lane + 16] if part[lane + 16] < part[lane] else part[lane]
+    for lane in range(8):
+        part[lane] = part[lane + 8] if part[lane + 8] < part[lane] else part[lane]
+    for lane in range(4):
+        part[lane] = part[lane + 4] if part[lane + 4] < part[lane] else part[lane]
+    for lane in range(2):
+        part[lane] = part[lane + 2] if part[lane + 2] < part[lane] else part[lane]
+    return part[1] if part[1] < part[0] else part[0]
+
+
+cdef floating row_max(const floating* y, Py_ssize_t n) noexcept nogil:
+    """Maximum of y[:n], ignoring NaN; -inf for an empty row."""
+    cdef floating part[LANES]
+    cdef floating v, m = <floating>-CYATTN_INF
+    cdef Py_ssize_t j = 0, lane
+    for lane in range(LANES):
+        part[lane] = <floating>-CYATTN_INF
+    while j + LANES <= n:
+        for lane in range(LANES):
+            v = y[j + lane]
+            part[lane] = v if v > part[lane] else part[lane]
+        j += LANES
+    while j < n:
+        v = y[j]
+        m = v if v > m else m
+        j += 1
+    v = lanes_max(part)
+    return v if v > m else m
+
+
+cdef floating row_max_min(const floating* y, Py_ssize_t n, floating* mn) noexcept nogil:
+    """row_max(y, n), and the minimum (ignoring NaN; +inf for an empty row) into mn[0]."""
+    cdef floating part[LANES]
+    cdef floating low[LANES]
+    cdef floating v, m = <floating>-CYATTN_INF, lo = <floating>CYATTN_INF
+    cdef Py_ssize_t j = 0, lane
+    for lane in range(LANES):
+        part[lane] = <floating>-CYATTN_INF
+        low[lane] = <floating>CYATTN_INF
+    while j + LANES <= n:
+        for lane in range(LANES):
+            v = y[j + lane]
+            part[lane] = v if v > part[lane] else part[lane]
+            low[lane] = v if v < low[lane] else low[lane]
+        j += LANES
+    while j < n:
+        v = y[j]
+        m = v if v > m else m
+        lo = v if v < lo else lo
+        j += 1
+    v = lanes_min(low)
+    mn[0] = v if v < lo else lo
+    v = lanes_max(part)
+    return v if v > m else m
+
+
+cdef bint row_has_nan(const floating* y, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t j
+    for j in range(n):
+        if y[j] != y[j]:
+            return True
+    return False
+
+
+cdef void row_fill(floating* y, Py_ssize_t n, floating value) noexcept nogil:
+    cdef Py_ssize_t j
+    for j in range(n):
+        y[j] = value
+
+
+cdef floating row_exp_sum(floating* y, Py_ssize_t n, floating shift, bint store) noexcept nogil:
+    """sum_j exp(y[j] - shift); with store, y[j] becomes exp(y[j] - shift)."""
+    cdef floating part[LANES]
+    cdef floating e, total = 0, tail = 0
+    cdef Py_ssize_t j = 0, lane
+    for lane in range(LANES):
+        part[lane] = 0
+    if store:
+        while j + LANES <= n:
+            for lane in range(LANES):
+                e = exp_any(y[j + lane] - shift)
+                y[j + lane] = e
+                part[lane] += e
+            j += LANES
+        while j < n:
+            e = exp_any(y[j] - shift)
+            y[j] = e
+            tail += e
+            j += 1
+    else:
+        while j + LANES <= n:
+            for lane in range(LANES):
+                part[lane] += exp_any(y[j + lane] - shift)
+            j += LANES
+        while j < n:
+            tail += exp_any(y[j] - shift)
+            j += 1
+    # fixed combination order: pairwise over the lanes, then the tail
+    total = lanes_sum(part) + tail
+    return total
+
+
+cdef void row_scale(floating* y, Py_ssize_t n, floating factor) noexcept nogil:
+    cdef Py_ssize_t j
+    for j in range(n):
+        y[j] = y[j] * factor
+
+
+cdef void row_shift(floating* y, Py_ssize_t n, floating shift) noexcept nogil:
+    cdef Py_ssize_t j
+    for j in range(n):
+        y[j] = y[j] - shift
+
+
+cdef floating softmax_inplace(floating* y, Py_ssize_t n, bint log_out) noexcept nogil:
+    """Stable (log-)softmax of y[:n] in place; returns lse = max + log(sum exp(y - max)).
+
+    A row with no finite candidate (all -inf, or n == 0) is fully masked: weights 0 (log: -inf),
+    lse -inf. A NaN or +inf entry makes the whole row NaN (lse NaN).
+    """
+    cdef floating m, total
+    m = row_max(y, n)
+    if m == -CYATTN_INF:
+        if row_has_nan(y, n):
+            row_fill(y, n, <floating>CYATTN_NAN)
+            return <floating>CYATTN_NAN
+        row_fill(y, n, <floating>-CYATTN_INF if log_out else <floating>0)
+        return <floating>-CYATTN_INF
+    if m == CYATTN_INF:
+        row_fill(y, n, <floating>CYATTN_NAN)
+        return <floating>CYATTN_NAN
+    if log_out:
+        row_shift(y, n, m)
+        total = row_exp_sum(y, n, 0, False)
+        row_shift(y, n, <floating>log(total))
+    else:
+        total = row_exp_sum(y, n, m, True)
+        row_scale(y, n, <floating>1 / total)
+    return m + <floating>log(total)
+
+
+cdef floating row_exp_sum_to(const floating* x, floating* y, Py_ssize_t n,
+                             floating shift, bint nonpos) noexcept nogil:
+    """y[j] = exp(x[j] - shift) for distinct rows x and y; returns the sum (as row_exp_sum).
+
+    nonpos: the caller knows EXP_NORMAL <= x[j] - shift <= 0 for every j, so the shorter
+    exp_nonpos gives the same bits as exp_any.
+    """
+    cdef floating part[LANES]
+    cdef floating e, tail = 0
+    cdef Py_ssize_t j = 0, lane
+    for lane in range(LANES):
+        part[lane] = 0
+    if nonpos:
+        while j + LANES <= n:
+            for lane in range(LANES):
+                e = exp_nonpos(x[j + lane] - shift)
+                y[j + lane] = e
+                part[lane] += e
+            j += LANES
+    else:
+        while j + LANES <= n:
+            for lane in range(LANES):
+                e = exp_any(x[j + lane] - shift)
+                y[j + lane] = e
+                part[lane] += e
+            j += LANES
+    while j < n:
+        e = exp_any(x[j] - shift)
+        y[j] = e
+        tail += e
+        j += 1
+    return lanes_sum(part) + tail
+
+
+cdef void softmax_row_to(const floating* x, floating* y, Py_ssize_t n) noexcept nogil:
+    """Softmax of row x written to a distinct row y in three passes (max and min; exp and sum;
+    scale), without first copying x to y; the same results as softmax_inplace (no lse).
+
+    When no x - max is below EXP_NORMAL (no -inf, no huge spread: the usual row) the exps
+    take the shorter exp_nonpos, which gives the same bits; this made the L=512 softmax
+    ~25 % faster."""
+    cdef floating m, mn, total
+    cdef floating normal = EXP_NORMAL_F32 if floating is float else EXP_NORMAL_F64
+    m = row_max_min(x, n, &mn)
+    if m == -CYATTN_INF or m == CYATTN_INF:     # fully masked, NaN or +inf: the general rules
+        memcpy(y, x, n * sizeof(floating))
+        softmax_inplace(y, n, False)
+        return
+    total = row_exp_sum_to(x, y, n, m, mn - m >= normal)
+    row_scale(y, n, <floating>1 / total)
+
+
+cdef void row_mask_inplace(floating* y, Py_ssize_t n,
+                           const uint8_t* bmask, Py_ssize_t bstride,
+                           const floating* amask, Py_ssize_t astride) noexcept nogil:
+    """Apply a bool mask (False -> -inf) and/or an additive mask to y in place.
+
+    One pointer, so the unit-stride loops vectorise without an aliasing check (gcc's check
+    fails at run time, and picks the scalar loop, when source and target coincide)."""
+    cdef Py_ssize_t j
+    cdef floating neg_inf = <floating>-CYATTN_INF
+    if bmask != NULL:
+        if bstride == 1:
+            for j in range(n):
+                y[j] = y[j] if bmask[j] else neg_inf
+        else:
+            for j in range(n):
+                y[j] = y[j] if bmask[j * bstride] else neg_inf
+    if amask != NULL:
+        if astride == 1:
+            for j in range(n):
+                y[j] = y[j] + amask[j]
+        else:
+            for j in range(n):
+                y[j] = y[j] + amask[j * astride]
+
+
+cdef void row_load_masked(const floating* x, floating* y, Py_ssize_t n,
+                          const uint8_t* bmask, Py_ssize_t bstride,
+                          const floating* amask, Py_ssize_t astride) noexcept nogil:
+    """y = x with the masks applied (a bool-masked x value is overwritten with -inf, so it
+    never reaches the sums)."""
+    if x != y:
+        memcpy(y, x, n * sizeof(floating))
+    row_mask_inplace(y, n, bmask, bstride, amask, astride)
+
+
+cdef inline void softmax_row(const floating* x, floating* y, Py_ssize_t n,
+                             const uint8_t* bmask, Py_ssize_t b_cs,
+                             const floating* amask, Py_ssize_t a_cs,
+                             bint log_out, bint direct) noexcept nogil:
+    """One row of softmax_row_tasks: straight from x to y for an unmasked softmax into a
+    distinct row (direct), else a masked copy, then in place."""
+    if direct:
+        softmax_row_to(x, y, n)
+    else:
+        row_load_masked(x, y, n, bmask, b_cs, amask, a_cs)
+        softmax_inplace(y, n, log_out)
+
+
+cdef void softmax_pair_to(const floating* x0, floating* y0, const floating* x1, floating* y1,
+                          Py_ssize_t n) noexcept nogil:
+    """softmax_row_to of two rows at once, with the same bits: each row's operations and their
+    order are those of softmax_row_to, but the two rows' loops are fused, so one row's
+    reductions (max, min, sum: dependency chains across the lanes) overlap the other's work.
+    A short row is latency-bound on them (a 128-element row ran ~1.2x faster paired)."""
+    cdef floating part0[LANES]
+    cdef floating low0[LANES]
+    cdef floating part1[LANES]
+    cdef floating low1[LANES]
+    cdef floating ebuf0[LANES]
+    cdef floating ebuf1[LANES]
+    cdef floating v, w, e0, e1, m0, m1, mn0, mn1, t0 = 0, t1 = 0
+    cdef floating normal = EXP_NORMAL_F32 if floating is float else EXP_NORMAL_F64
+    cdef Py_ssize_t j = 0, lane
+    for lane in range(LANES):
+        part0[lane] = <floating>-CYATTN_INF
+        part1[lane] = <floating>-CYATTN_INF
+        low0[lane] = <floating>CYATTN_INF
+        low1[lane] = <floating>CYATTN_INF
+    while j + LANES <= n:
+        for lane in range(LANES):
+            v = x0[j + lane]
+            w = x1[j + lane]
+            part0[lane] = v if v > part0[lane] else part0[lane]
+            low0[lane] = v if v < low0[lane] else low0[lane]
+            part1[lane] = w if w > part1[lane] else part1[lane]
+            low1[lane] = w if w < low1[lane] else low1[lane]
+        j += LANES
+    m0 = m1 = <floating>-CYATTN_INF
+    mn0 = mn1 = <floating>CYATTN_INF
+    while j < n:
+        v = x0[j]
+        w = x1[j]
+        m0 = v if v > m0 else m0
+        mn0 = v if v < mn0 else mn0
+        m1 = w if w > m1 else m1
+        mn1 = w if w < mn1 else mn1
+        j += 1
+    v = lanes_max(part0)
+    m0 = v if v > m0 else m0
+    v = lanes_min(low0)
+    mn0 = v if v < mn0 else mn0
+    v = lanes_max(part1)
+    m1 = v if v > m1 else m1
+    v = lanes_min(low1)
+    mn1 = v if v < mn1 else mn1
+    if (m0 == -CYATTN_INF or m0 == CYATTN_INF or m1 == -CYATTN_INF or m1 == CYATTN_INF
+            or not (mn0 - m0 >= normal) or not (mn1 - m1 >= normal)):
+        softmax_row_to(x0, y0, n)               # the general rules or the full exp: one by one
+        softmax_row_to(x1, y1, n)
+        return
+    for lane in range(LANES):
+        part0[lane] = 0
+        part1[lane] = 0
+    j = 0
+    if STAGE_EXPS:
+        # The exps go to local arrays, then to y0 and y1 by memcpy. Stored straight into y,
+        # which gcc cannot prove distinct from x, the avx512 loop was versioned with a run-time
+        # overlap check and reloaded its constants on every step: staged, a softmax of
+        # (8,128,128) or (8,128,2048) is 5-10 % faster. With 16 registers (baseline, avx2) the
+        # direct loop below is faster (staging cost avx2 10-20 %), so the variant chooses.
+        while j + LANES <= n:
+            for lane in range(LANES):
+                e0 = exp_nonpos(x0[j + lane] - m0)
+                e1 = exp_nonpos(x1[j + lane] - m1)
+                ebuf0[lane] = e0
+                ebuf1[lane] = e1
+                part0[lane] += e0
+                part1[lane] += e1
+            memcpy(y0 + j, ebuf0, LANES * sizeof(floating))
+            memcpy(y1 + j, ebuf1, LANES * sizeof(floating))
+            j += LANES
+    else:
+        while j + LANES <= n:
+            for lane in range(LANES):
+                e0 = exp_nonpos(x0[j + lane] - m0)
+                e1 = exp_nonpos(x1[j + lane] - m1)
+                y0[j + lane] = e0
+                y1[j + lane] = e1
+                part0[lane] += e0
+                part1[lane] += e1
+            j += LANES
+    while j < n:
+        e0 = exp_any(x0[j] - m0)
+        e1 = exp_any(x1[j] - m1)
+        y0[j] = e0
+        y1[j] = e1
+        t0 += e0
+        t1 += e1
+        j += 1
+    t0 = lanes_sum(part0) + t0
+    t1 = lanes_sum(part1) + t1
+    row_scale(y0, n, <floating>1 / t0)
+    row_scale(y1, n, <floating>1 / t1)
+
+
+cdef void softmax_row_tasks(const floating* x, floating* y, Py_ssize_t rows, Py_ssize_t n,
+                            const uint8_t* bmask, Py_ssize_t b_rs, Py_ssize_t b_cs,
+                            const floating* amask, Py_ssize_t a_rs, Py_ssize_t a_cs,
+                            bint log_out, int n_threads) noexcept nogil:
+    cdef Py_ssize_t r, pair
+    cdef bint direct = bmask == NULL and amask == NULL and x != y and not log_out
+    if direct and n >= LANES:           # rows in pairs (softmax_pair_to), the last one alone
+        if n_threads <= 1:
+            for pair in range(rows // 2):
+                softmax_pair_to(x + 2 * pair * n, y + 2 * pair * n,
+                                x + (2 * pair + 1) * n, y + (2 * pair + 1) * n, n)
+        else:
+            for pair in prange(rows // 2, num_threads=n_threads, schedule='static'):
+                softmax_pair_to(x + 2 * pair * n, y + 2 * pair * n,
+                                x + (2 * pair + 1) * n, y + (2 * pair + 1) * n, n)
+        if rows % 2:
+            softmax_row_to(x + (rows - 1) * n, y + (rows - 1) * n, n)
+        return
+    if n_threads <= 1:                  # no OpenMP region for one thread
+        for r in range(rows):
+            softmax_row(x + r * n, y + r * n, n, bmask + r * b_rs if bmask != NULL else NULL,
+                        b_cs, amask + r * a_rs if amask != NULL else NULL, a_cs, log_out,
+                        direct)
+        return
+    for r in prange(rows, num_threads=n_threads, schedule='static'):
+        softmax_row(x + r * n, y + r * n, n, bmask + r * b_rs if bmask != NULL else NULL,
+                    b_cs, amask + r * a_rs if amask != NULL else NULL, a_cs, log_out, direct)
