@@ -346,6 +346,29 @@ def test_bert_bidirectional_with_padding(dtype):
     _assert_logits_close(got_full, want_full, dtype)
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_modernbert_bidirectional_sliding_window(padded):
+    """ModernBERT's local layers pass sliding_window with a symmetric (bidirectional) band
+    mask: the causal window (W - 1, 0) must not be applied to them."""
+    config = transformers.ModernBertConfig(
+        vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, local_attention=4, global_attn_every_n_layers=2, pad_token_id=0,
+        sep_token_id=1, cls_token_id=2, bos_token_id=2, eos_token_id=1)
+    assert "sliding_attention" in config.layer_types
+    models = []
+    for impl in ("sdpa", "cyattn"):
+        torch.manual_seed(0)
+        models.append(transformers.ModernBertModel._from_config(
+            copy.deepcopy(config), attn_implementation=impl).eval())
+    ids, _ = _inputs(False)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, 8:] = 0
+    with torch.no_grad():
+        want, got = (m(ids, attention_mask=mask).last_hidden_state for m in models)
+    _assert_logits_close(got, want, torch.float32, mask.bool())
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_t5_position_bias(dtype):
     config = transformers.T5Config(vocab_size=V, d_model=64, d_kv=16, d_ff=128, num_layers=2,

@@ -126,9 +126,10 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     position_bias : torch.Tensor, shape (B or 1, H, L, S), optional
         T5's relative position bias, added to the scores (masked positions removed).
     **kwargs
-        ``sliding_window`` (int W: with a bool mask whose last query sees the last key, or
-        with no mask, the kernel also gets ``window=(W - 1, 0)`` aligned bottom-right so that
-        it skips whole key blocks outside the window; the mask already holds the window),
+        ``sliding_window`` (int W: in a causal layer, with a bool mask whose last query sees
+        the last key or with no mask, the kernel also gets ``window=(W - 1, 0)`` aligned
+        bottom-right so that it skips whole key blocks outside the window; the mask already
+        holds the window),
         ``softcap`` (Gemma 2: scores ``c * tanh(s / c)``), ``s_aux`` (gpt-oss: one sink logit
         per head in the softmax denominator), ``output_attentions`` (the weights are returned,
         computed with torch ops, when ``B * H * L * S <= MAX_WEIGHTS``; above, None and a
@@ -159,6 +160,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     q_length = query.shape[2]
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
+    causal_layer = bool(is_causal)
     is_causal = bool(q_length > 1 and attention_mask is None and is_causal)
     if is_causal and key.shape[2] > q_length:
         # an empty static cache's slots past the prompt: top-left causal never reads them
@@ -182,9 +184,10 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     if sinks is not None:
         options["sinks"] = sinks
     sliding_window = kwargs.get("sliding_window")
-    if (sliding_window is not None and "window" in core_options()
+    if (sliding_window is not None and causal_layer and "window" in core_options()
             and (mask is None or (mask.dtype == torch.bool and bool(mask[..., -1, -1].all())))):
-        # keys are consecutive positions ending at the last query's: bottom-right alignment
+        # a causal layer whose keys are consecutive positions ending at the last query's:
+        # bottom-right alignment (bidirectional windows, e.g. ModernBERT's, are left to the mask)
         options["window"] = (int(sliding_window) - 1, 0)
         options["causal_alignment"] = "bottom_right"
     batch = max(query.shape[0], key.shape[0])
