@@ -126,10 +126,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     position_bias : torch.Tensor, shape (B or 1, H, L, S), optional
         T5's relative position bias, added to the scores (masked positions removed).
     **kwargs
-        ``sliding_window`` (int W: in a causal layer, with a bool mask whose last query sees
-        the last key or with no mask, the kernel also gets ``window=(W - 1, 0)`` aligned
-        bottom-right so that it skips whole key blocks outside the window; the mask already
-        holds the window),
+        ``sliding_window`` (int W: in a causal layer whose bool mask ends with the window's
+        pattern, the kernel also gets ``window=(W - 1, 0)`` aligned bottom-right, so that it
+        skips the key blocks outside the window; the mask already holds the window),
         ``softcap`` (Gemma 2: scores ``c * tanh(s / c)``), ``s_aux`` (gpt-oss: one sink logit
         per head in the softmax denominator), ``output_attentions`` (the weights are returned,
         computed with torch ops, when ``B * H * L * S <= MAX_WEIGHTS``; above, None and a
@@ -185,9 +184,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         options["sinks"] = sinks
     sliding_window = kwargs.get("sliding_window")
     if (sliding_window is not None and causal_layer and "window" in core_options()
-            and (mask is None or (mask.dtype == torch.bool and bool(mask[..., -1, -1].all())))):
-        # a causal layer whose keys are consecutive positions ending at the last query's:
-        # bottom-right alignment (bidirectional windows, e.g. ModernBERT's, are left to the mask)
+            and _mask_has_window(mask, int(sliding_window))):
         options["window"] = (int(sliding_window) - 1, 0)
         options["causal_alignment"] = "bottom_right"
     batch = max(query.shape[0], key.shape[0])
@@ -199,6 +196,21 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     if kwargs.get("output_attentions", False):
         weights = _weights_if_small(query, key, mask, is_causal, scaling, softcap, sinks)
     return out, weights
+
+
+def _mask_has_window(mask, window):
+    """Whether the kernel may also get ``window=(window - 1, 0)`` aligned bottom-right: the
+    bool mask of a causal layer whose last query sees the last key (keys are consecutive
+    positions ending at the last query's, as in dynamic and full sliding caches) and none of
+    the keys before the window, and the window removes keys (S > window). Checks the last row
+    only (O(B * S)); the window then skips the blocks the mask removes without reading it.
+    Models that pass the config's sliding_window to every layer while some layers get full
+    causal masks fail the check, and bidirectional layers (ModernBERT) are excluded by the
+    caller."""
+    if mask is None or mask.dtype != torch.bool or mask.shape[-1] <= window:
+        return False
+    last = mask[..., -1, :]
+    return bool(last[..., -1].all()) and not bool(last[..., :mask.shape[-1] - window].any())
 
 
 def _weights_if_small(query, key, mask, is_causal, scaling, softcap, sinks):
