@@ -388,3 +388,20 @@ def test_import_cyattn_imports_neither_torch_nor_transformers():
             "sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@needs_variants
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_key_lengths_and_alibi_slopes_tensors(dtype):
+    """Integer and float tensors for the per-batch options reach the core as arrays."""
+    B, H, L, S, E = 3, 4, 6, 10, 8
+    q, k, v = _qkv((B, H, L, E), (B, H, S, E), E, dtype, 13)
+    lengths = torch.tensor([[10], [7], [3]])                  # (B, 1): broadcast over heads
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625]).to(dtype)
+    got = ct.scaled_dot_product_attention(q, k, v, key_lengths=lengths, alibi_slopes=slopes)
+    i, j = torch.arange(L)[:, None], torch.arange(S)[None, :]
+    bias = -slopes.double().reshape(1, H, 1, 1) * (i - j).abs()
+    keep = (j < lengths.reshape(B, 1, 1, 1))
+    s = (q.double() @ k.double().transpose(-1, -2)) / E ** 0.5 + bias
+    want = torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v.double()
+    _assert_close(got, want, dtype, E + S)
