@@ -62,6 +62,10 @@ TOLERANCES = {
     np.dtype(np.float16): {"rtol": 2e-3, "atol": 1e-4},
 }
 
+# bfloat16 results of cyattn.torch (no NumPy dtype, so keyed by name): computed in float32 and
+# rounded once to bfloat16, whose half ulp is 2^-9 = 1.95e-3 relative.
+BFLOAT16_TOLERANCE = {"rtol": 4e-3, "atol": 1e-5}
+
 
 def tol(dtype, k=1):
     """(rtol, atol) for results of ``dtype``; ``k`` is the length of the longest sum behind a
