@@ -10,6 +10,9 @@ Subcommands::
                                       the full harness (cyattn._bench): NumPy and PyTorch
                                       side by side, FMA peak, bandwidth, peak memory, a
                                       Markdown table and a PNG plot
+    embed [INPUT] -o OUT.npy|OUT.parquet
+                                      sentence embeddings of a text file, stdin or a Parquet
+                                      column (cyattn.encoder; pip install 'cyattn[encoder]')
 
 Without a subcommand: info, the 3-score example, check, and a short bench (``--quick`` makes
 the bench tiny). The pieces live in :mod:`cyattn._selfcheck` and :mod:`cyattn._bench`.
@@ -23,6 +26,7 @@ import numpy as np
 
 import cyattn
 from cyattn import _bench, _selfcheck
+from cyattn.encoder import _cli as _embed_cli
 
 # The 3-score example (DESIGN 5): softmax of the scores and attention over three values.
 _SCORES = [2.0, 1.0, 0.0]
@@ -51,7 +55,7 @@ def build_parser():
                         help="without a subcommand: run a tiny bench (a few seconds)")
     parser.add_argument("--threads", type=_count, default=1,
                         help="without a subcommand: threads for the bench (default 1)")
-    sub = parser.add_subparsers(dest="command", metavar="{info,check,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{info,check,bench,embed}")
     sub.add_parser("info", help="version, kernel variant, CPU features, OpenMP, threads")
     check = sub.add_parser("check", help="compare the compiled kernels with cyattn.oracle")
     check.add_argument("--cases", type=_count, default=300,
@@ -77,6 +81,9 @@ def build_parser():
     bench.add_argument("--mode", choices=("standard", "short", "quick"), default=None,
                        help=argparse.SUPPRESS)
     _bench.add_full_arguments(bench, common=False)
+    _embed_cli.add_arguments(sub.add_parser(
+        "embed", help="sentence embeddings of a text file, stdin or a Parquet column",
+        description=_embed_cli.__doc__.split("\n\n", 1)[1]))
     return parser
 
 
@@ -158,6 +165,8 @@ def main(argv=None):
         return cmd_info()
     if args.command == "check":
         return cmd_check(args.cases, args.seed)
+    if args.command == "embed":
+        return _embed_cli.run(args)
     if args.command == "bench":
         if args.full:
             return cmd_bench_full(parser, args, argv)

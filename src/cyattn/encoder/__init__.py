@@ -14,9 +14,9 @@ Only NumPy is imported with this module; tokenizers and safetensors are imported
 """
 from __future__ import annotations
 
-from ._bert import Encoder, default_model_dir, gelu_
+from ._bert import Encoder, check_model_folder, default_model_dir, gelu_
 
-__all__ = ["Encoder", "default_model_dir", "gelu_", "load"]
+__all__ = ["Encoder", "check_model_folder", "default_model_dir", "gelu_", "load"]
 
 
 def load(model=None, *, linear="cyattn"):

