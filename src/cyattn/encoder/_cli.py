@@ -121,10 +121,10 @@ def run(args):
         print(f"embed: the folder of --output {out!r} does not exist", file=sys.stderr)
         return 2
     try:
-        texts, ids = read_texts(args.input, args.column, args.id_column)
         import cyattn.encoder
 
         encoder = cyattn.encoder.load(args.model)
+        texts, ids = read_texts(args.input, args.column, args.id_column)
         progress = sys.stderr.isatty() if args.progress is None else args.progress
         vectors = encoder.encode(texts, args.batch_size, normalize=not args.no_normalize,
                                  n_threads=args.threads, progress=progress)
