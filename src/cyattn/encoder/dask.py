@@ -170,8 +170,12 @@ def embed_partition(df, *, text_column="text", id_column=None, model=None, batch
     ids = df[id_column] if id_column is not None else pd.Series(df.index, index=df.index)
     for i, t in enumerate(texts):
         if not isinstance(t, str):
-            raise TypeError(f"text_column {text_column!r}: row {i} (id {ids.iloc[i]!r}) is "
-                            f"{t!r} of type {type(t).__name__}; every text must be a str")
+            id_ = ids.iloc[i]
+            id_ = id_.item() if isinstance(id_, np.generic) else id_
+            what = ("missing (None, NaN or NA)" if pd.api.types.is_scalar(t) and pd.isna(t)
+                    else f"{t!r} of type {type(t).__name__}")
+            raise TypeError(f"text_column {text_column!r}: row {i} (id {id_!r}) is {what}; "
+                            f"every text must be a str")
     enc = get_encoder(model, linear=linear)
     if n_threads is None:
         n_threads = _worker_threads()
