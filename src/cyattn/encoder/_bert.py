@@ -74,7 +74,27 @@ _GELU_CHUNK = 65536     # elements per step: NumPy's ~0.5 us overhead per ufunc 
 
 
 def gelu_(h):
-    """In place exact GELU ``0.5 h (1 + erf(h / sqrt 2))`` of a C-contiguous float32 array."""
+    """In place exact GELU ``0.5 h (1 + erf(h / sqrt 2))`` of a C-contiguous float32 array.
+
+    Evaluated as ``h (0.5 + 0.5 tanh(h P(h^2)))`` with the minimax polynomial ``P`` above
+    (max abs error 5.5e-7 against the exact GELU on [-12, 12]; Hendrycks & Gimpel, "Gaussian
+    Error Linear Units", 2016, for the definition).
+
+    Parameters
+    ----------
+    h : ndarray, float32, C-contiguous, any shape
+        Overwritten with GELU(h).
+
+    Returns
+    -------
+    ndarray
+        ``h`` itself.
+
+    Raises
+    ------
+    ValueError
+        If ``h`` is not float32 or not C-contiguous.
+    """
     if h.dtype != np.float32 or not h.flags.c_contiguous:
         raise ValueError(f"gelu_ needs a C-contiguous float32 array, got {h.dtype} "
                          f"(contiguous: {h.flags.c_contiguous})")
