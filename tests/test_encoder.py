@@ -336,15 +336,18 @@ def test_cli_errors_leave_nothing(tmp_path, capsys):
     src = tmp_path / "in.parquet"
     pq.write_table(pa.table({"id": [1, 2], "text": ["fine", None]}), src)
     out = tmp_path / "out.npy"
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
     cases = [
         ((str(src), "--column", "body", "-o", str(out)), "--column 'body' is not a column"),
         ((str(src), "-o", str(out)), "row 1 is None"),
         ((str(tmp_path / "missing.txt"), "-o", str(out)), "missing.txt"),
         ((str(src), "-o", str(tmp_path / "out.csv")), "must end in .npy or .parquet"),
+        ((str(empty), "-o", str(out)), "no texts in"),
         ((str(src), "--model", str(tmp_path), "-o", str(out)), "model.safetensors"),
     ]
     for args, msg in cases:
         rc, err = _main(capsys, *args)
         assert rc != 0, args
         assert msg in err, (args, err)
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"], args
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt", "in.parquet"], args

@@ -99,6 +99,20 @@ def test_embed_parquet_on_two_worker_processes(client, dataset, tmp_path):
     assert sum(len(lst) for _, lst in loads.values()) >= 1
 
 
+def test_an_empty_file_among_others(client, dataset, tmp_path):
+    """An empty input file is not an error when others have rows; whatever partition it makes
+    is written with the same schema, so the output reads back as one dataset."""
+    src, df = dataset
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    df.iloc[:10].to_parquet(mixed / "a.parquet", index=False)
+    df.iloc[:0].to_parquet(mixed / "b.parquet", index=False)
+    df.iloc[10:15].to_parquet(mixed / "c.parquet", index=False)
+    result = embed_parquet(mixed, tmp_path / "out", batch_size=8)
+    assert result["rows"] == 15
+    _assert_same_as_one_process(tmp_path / "out", df.iloc[:15], batch_size=8)
+
+
 def test_embed_dataframe_keeps_partitions_and_order(client, dataset):
     src, df = dataset
     ddf = dd.read_parquet(src)

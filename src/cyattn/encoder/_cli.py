@@ -125,6 +125,9 @@ def run(args):
 
         encoder = cyattn.encoder.load(args.model)
         texts, ids = read_texts(args.input, args.column, args.id_column)
+        if not texts:
+            raise ValueError(f"no texts in {'standard input' if args.input == '-' else args.input}"
+                             f": nothing to embed")
         progress = sys.stderr.isatty() if args.progress is None else args.progress
         vectors = encoder.encode(texts, args.batch_size, normalize=not args.no_normalize,
                                  n_threads=args.threads, progress=progress)

@@ -239,9 +239,12 @@ def _write_partition(df, index, staging, kwargs, id_column, embedding_column):
     import pyarrow.parquet as pq
 
     out = embed_partition(df, id_column=id_column, embedding_column=embedding_column, **kwargs)
-    vectors = (np.stack(out[embedding_column].to_list()) if len(out)
-               else np.empty((0, 0), np.float32))
-    dim = vectors.shape[1] if len(out) else 0
+    if len(out):
+        vectors = np.stack(out[embedding_column].to_list())
+    else:                  # an empty partition still gets its file, with the same schema
+        enc = get_encoder(kwargs["model"], linear=kwargs["linear"])
+        vectors = np.empty((0, enc.dim), np.float32)
+    dim = vectors.shape[1]
     table = pa.table({
         id_column: pa.array(out[id_column].to_numpy()),
         embedding_column: pa.FixedSizeListArray.from_arrays(
@@ -347,11 +350,13 @@ def embed_parquet(source, destination, *, text_column="text", id_column="id", mo
         rows = sum(dask.compute(*tasks))
         for stray in staging.glob(".*.tmp"):      # left by an attempt whose worker died
             stray.unlink()
-        if dest.exists():
+        if dest.is_dir() and not dest.is_symlink():
             if any(dest.iterdir()):
                 shutil.rmtree(dest)
             else:
                 dest.rmdir()
+        elif dest.exists() or dest.is_symlink():
+            dest.unlink()
         os.replace(staging, dest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
