@@ -211,7 +211,8 @@ def test_worker_killed_in_the_middle_of_a_job(client, tmp_path):
     tasks elsewhere (the nanny restarts the worker) and the output still has every id once,
     with the bits of a single process."""
     src = tmp_path / "src"
-    df = _write_dataset(src, 12, 8, seed=3, max_words=60)
+    # enough work (16 partitions of 12 texts) that the job outlives the kill on an idle host
+    df = _write_dataset(src, 16, 12, seed=3, max_words=60)
     dest = tmp_path / "out"
     outcome = {}
 
@@ -238,7 +239,7 @@ def test_worker_killed_in_the_middle_of_a_job(client, tmp_path):
     assert "error" not in outcome, outcome
     assert outcome["result"]["rows"] == len(df)
     assert sorted(p.name for p in dest.iterdir()) == [f"part.{i:05d}.parquet"
-                                                      for i in range(12)]
+                                                      for i in range(16)]
     _assert_same_as_one_process(dest, df, batch_size=8)
     assert _leftovers(tmp_path) == []
     client.wait_for_workers(2, timeout=60)
