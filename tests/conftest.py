@@ -66,6 +66,13 @@ TOLERANCES = {
 # rounded once to bfloat16, whose half ulp is 2^-9 = 1.95e-3 relative.
 BFLOAT16_TOLERANCE = {"rtol": 4e-3, "atol": 1e-5}
 
+# Sentence encoder (cyattn.encoder, tests/test_minilm.py and tests/test_encoder*.py): bounds of
+# issue 3 against the sentence-transformers reference (float32; a careful float32 forward
+# reaches ~2e-7), and, where bits may differ (NumPy's BLAS backend), a text alone vs in a batch.
+MINILM_MIN_COSINE = 0.999999
+MINILM_MAX_ABS_DIFF = 2e-5
+MINILM_BATCH_INVARIANCE_ATOL = 1e-6
+
 
 def tol(dtype, k=1):
     """(rtol, atol) for results of ``dtype``; ``k`` is the length of the longest sum behind a

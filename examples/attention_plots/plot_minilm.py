@@ -1,6 +1,6 @@
 """Plot all-MiniLM-L6-v2's attention heads for a padded batch of two ticket sentences.
 
-The encoder is the NumPy/cyattn one of ``examples/minilm/embed.py``. Two sentences of different
+The encoder is :mod:`cyattn.encoder` (its forward pass, ``cyattn.encoder._bert``). Two sentences of different
 lengths make it take its padded path: one ``cyattn.scaled_dot_product_attention`` call per
 layer on ``(2, 12, L, 32)`` queries and keys with a ``(2, 1, 1, L)`` key-padding mask (True =
 real token). This script records those calls' q, k and mask, recomputes the weights with
@@ -32,8 +32,8 @@ import numpy as np  # noqa: E402
 import cyattn  # noqa: E402
 import cyattn.plot  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "minilm"))
-import embed  # noqa: E402  (examples/minilm/embed.py)
+import cyattn.encoder  # noqa: E402
+from cyattn.encoder import _bert as embed  # noqa: E402  (the encoder's forward pass)
 
 TEXTS = ("My printer shows offline after the latest Windows update",
          "Cannot log in to VPN")
@@ -70,8 +70,8 @@ def record_attention(model, texts):
     finally:
         embed.cyattn = cyattn
     if len(recorder.calls) != model.n_layers or recorder.calls[0][2] is None:
-        raise RuntimeError("expected one padded attention call per layer; embed.py's batching "
-                           "rule may have changed")
+        raise RuntimeError("expected one padded attention call per layer; cyattn.encoder's "
+                           "batching rule may have changed")
     return [e.tokens for e in encodings], recorder.calls
 
 
@@ -98,7 +98,7 @@ def main(argv=None):
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "minilm_heads.png"))
     ap.add_argument("--dpi", type=int, default=96)
     args = ap.parse_args(argv)
-    model = embed.load()
+    model = cyattn.encoder.load()
     tokens, calls = record_attention(model, args.texts)
     entry = int(np.argmin([len(t) for t in tokens]))        # the padded sentence
     fig, weights = plot_layer(tokens, calls, args.layer, entry)

@@ -12,6 +12,9 @@ Subcommands::
                                       best sgemm, bandwidth, peak memory, a
                                       Markdown table and a PNG plot
     plot --demo OUT.png               a figure of the mask kinds (needs matplotlib)
+    embed [INPUT] -o OUT.npy|OUT.parquet
+                                      sentence embeddings of a text file, stdin or a Parquet
+                                      column (cyattn.encoder; pip install 'cyattn[encoder]')
 
 Without a subcommand: info, the 3-score example, check, and a short bench (``--quick`` makes
 the bench tiny). The pieces live in :mod:`cyattn._selfcheck` and :mod:`cyattn._bench`.
@@ -25,6 +28,7 @@ import numpy as np
 
 import cyattn
 from cyattn import _bench, _selfcheck
+from cyattn.encoder import _cli as _embed_cli
 
 # The 3-score example (DESIGN 5): softmax of the scores and attention over three values.
 _SCORES = [2.0, 1.0, 0.0]
@@ -53,7 +57,7 @@ def build_parser():
                         help="without a subcommand: run a tiny bench (a few seconds)")
     parser.add_argument("--threads", type=_count, default=1,
                         help="without a subcommand: threads for the bench (default 1)")
-    sub = parser.add_subparsers(dest="command", metavar="{info,check,bench,plot}")
+    sub = parser.add_subparsers(dest="command", metavar="{info,check,bench,plot,embed}")
     sub.add_parser("info", help="version, kernel variant, CPU features, OpenMP, threads")
     check = sub.add_parser("check", help="compare the compiled kernels with cyattn.oracle")
     check.add_argument("--cases", type=_count, default=300,
@@ -80,10 +84,7 @@ def build_parser():
     bench.add_argument("--mode", choices=("standard", "short", "quick"), default=None,
                        help=argparse.SUPPRESS)
     _bench.add_full_arguments(bench, common=False)
-    plot = sub.add_parser("plot", help="draw the mask kinds as a PNG (needs matplotlib)")
-    plot.add_argument("--demo", metavar="OUT.png", required=True,
-                      help="write the figure of the mask kinds (causal top-left and "
-                           "bottom-right, padding, window, a fully masked row) to this file")
+    sub = parser.add_subparsers(dest="command", metavar="{info,check,bench,plot,embed}")
     return parser
 
 
@@ -180,6 +181,8 @@ def main(argv=None):
         return cmd_check(args.cases, args.seed)
     if args.command == "plot":
         return cmd_plot(args.demo)
+    if args.command == "embed":
+        return _embed_cli.run(args)
     if args.command == "bench":
         if args.full:
             return cmd_bench_full(parser, args, argv)

