@@ -322,7 +322,9 @@ def test_minilm_example(tmp_path, monkeypatch, capsys):
     root = Path(__file__).resolve().parent.parent / "examples" / "attention_plots"
     monkeypatch.syspath_prepend(str(root))
     import plot_minilm
-    model = plot_minilm.embed.load()
+
+    import cyattn.encoder
+    model = cyattn.encoder.load()
     tokens, calls = plot_minilm.record_attention(model, plot_minilm.TEXTS)
     assert len(calls) == model.n_layers
     q, k, mask = calls[0]

@@ -28,6 +28,7 @@ import numpy as np
 
 import cyattn
 from cyattn import _bench, _selfcheck
+from cyattn._validate import positive_int_arg
 from cyattn.encoder import _cli as _embed_cli
 
 # The 3-score example (DESIGN 5): softmax of the scores and attention over three values.
@@ -35,16 +36,6 @@ _SCORES = [2.0, 1.0, 0.0]
 _VALUES = [(1.0, 0.0), (0.0, 2.0), (3.0, 1.0)]
 _WEIGHTS = [0.665, 0.245, 0.090]
 _OUTPUT = [0.935, 0.579]
-
-
-def _count(text):
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
-    return n
 
 
 def build_parser():
@@ -55,12 +46,12 @@ def build_parser():
                     "subcommand: info, a worked example, check and a short bench.")
     parser.add_argument("--quick", action="store_true",
                         help="without a subcommand: run a tiny bench (a few seconds)")
-    parser.add_argument("--threads", type=_count, default=1,
+    parser.add_argument("--threads", type=positive_int_arg, default=1,
                         help="without a subcommand: threads for the bench (default 1)")
     sub = parser.add_subparsers(dest="command", metavar="{info,check,bench,plot,embed}")
     sub.add_parser("info", help="version, kernel variant, CPU features, OpenMP, threads")
     check = sub.add_parser("check", help="compare the compiled kernels with cyattn.oracle")
-    check.add_argument("--cases", type=_count, default=300,
+    check.add_argument("--cases", type=positive_int_arg, default=300,
                        help="number of random cases (default 300)")
     check.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     bench = sub.add_parser(
@@ -84,7 +75,13 @@ def build_parser():
     bench.add_argument("--mode", choices=("standard", "short", "quick"), default=None,
                        help=argparse.SUPPRESS)
     _bench.add_full_arguments(bench, common=False)
-    sub = parser.add_subparsers(dest="command", metavar="{info,check,bench,plot,embed}")
+    plot = sub.add_parser("plot", help="draw the mask kinds as a PNG (needs matplotlib)")
+    plot.add_argument("--demo", metavar="OUT.png", required=True,
+                      help="write the figure of the mask kinds (causal top-left and "
+                           "bottom-right, padding, window, a fully masked row) to this file")
+    _embed_cli.add_arguments(sub.add_parser(
+        "embed", help="sentence embeddings of a text file, stdin or a Parquet column",
+        description=_embed_cli.__doc__.split("\n\n", 1)[1]))
     return parser
 
 

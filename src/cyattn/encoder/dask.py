@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._bert import Encoder, check_model_folder, default_model_dir
+from ._bert import Encoder, check_columns, check_model_folder, default_model_dir
 
 __all__ = ["embed_dataframe", "embed_parquet", "embed_partition", "get_encoder",
            "model_loads"]
@@ -106,16 +106,6 @@ def _worker_threads():
     return int(n) if n else None
 
 
-def _check_columns(columns, text_column, id_column, where):
-    columns = list(columns)
-    if text_column not in columns:
-        raise ValueError(f"text_column {text_column!r} is not a column of {where} "
-                         f"(columns: {columns})")
-    if id_column is not None and id_column not in columns:
-        raise ValueError(f"id_column {id_column!r} is not a column of {where} "
-                         f"(columns: {columns})")
-
-
 def embed_partition(df, *, text_column="text", id_column=None, model=None, batch_size=32,
                     normalize=True, n_threads=None, embedding_column="embedding",
                     linear="cyattn"):
@@ -165,7 +155,7 @@ def embed_partition(df, *, text_column="text", id_column=None, model=None, batch
 
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"df must be a pandas DataFrame, got {type(df).__name__}")
-    _check_columns(df.columns, text_column, id_column, "the partition")
+    check_columns(df.columns, text_column, id_column, "the partition")
     texts = df[text_column].tolist()
     ids = df[id_column] if id_column is not None else pd.Series(df.index, index=df.index)
     for i, t in enumerate(texts):
@@ -221,7 +211,7 @@ def embed_dataframe(ddf, *, text_column="text", id_column=None, model=None, batc
 
     if not isinstance(ddf, dd.DataFrame):
         raise TypeError(f"ddf must be a dask DataFrame, got {type(ddf).__name__}")
-    _check_columns(ddf.columns, text_column, id_column, "the DataFrame")
+    check_columns(ddf.columns, text_column, id_column, "the DataFrame")
     return ddf.map_partitions(
         embed_partition, text_column=text_column, id_column=id_column,
         model=None if model is None else os.fspath(model), batch_size=batch_size,
@@ -333,7 +323,7 @@ def embed_parquet(source, destination, *, text_column="text", id_column="id", mo
         raise ValueError(f"source {source!r}: not a readable Parquet dataset ({exc})") from exc
     if not dataset.files:
         raise ValueError(f"source {source!r} holds no Parquet files")
-    _check_columns(dataset.schema.names, text_column, id_column, f"source {source!r}")
+    check_columns(dataset.schema.names, text_column, id_column, f"source {source!r}")
     if dataset.count_rows() == 0:
         raise ValueError(f"source {source!r} holds no rows: nothing to embed")
 
