@@ -12,6 +12,7 @@ def omp_max_threads() -> int: ...
 def omp_num_procs() -> int: ...
 def omp_pause() -> int: ...
 def exp_values(x: np.ndarray, out: np.ndarray, nonpos: bool = False) -> None: ...
+def tanh_values(x: np.ndarray, out: np.ndarray) -> None: ...
 def softmax_rows(
     x: np.ndarray, out: np.ndarray, bmask: np.ndarray | None, amask: np.ndarray | None,
     b_rs: int, b_cs: int, a_rs: int, a_cs: int, log_out: bool, n_threads: int,
@@ -28,5 +29,10 @@ def attention(
     v: np.ndarray, v_off: npt.NDArray[np.int64], v_rs: int, v_cs: int,
     mask: Any, mask_kind: int, m_off: npt.NDArray[np.int64], m_rs: int, m_cs: int,
     out: np.ndarray, lse: np.ndarray, L: int, S: int, E: int, Ev: int,
-    scale: float, causal: bool, causal_off: int, want_lse: bool, n_threads: int,
+    scale: float, causal: bool, bottom_right: bool, want_lse: bool, n_threads: int,
+    window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+    key_len: npt.NDArray[np.int64] | None = None,
+    query_len: npt.NDArray[np.int64] | None = None,
+    slopes: npt.NDArray[np.float64] | None = None,
+    sinks: npt.NDArray[np.float64] | None = None,
 ) -> None: ...
