@@ -4,9 +4,10 @@ The weights are formed in three steps on the compiled kernels, in one (..., L, S
 compute dtype (no float64 detour):
 
 1. scores: ``scale * Q K^T`` by the GEMM kernel of :func:`cyattn.matmul_accumulate`;
-2. the bias/mask step (:func:`_mask_scores`): additive terms first (the float mask), then every
-   "take part" rule (bool mask, causal) writes ``-inf`` where a key is removed, so a removed
-   score is never read, whatever it held (NaN from a NaN key, ``-inf + inf``);
+2. the bias/mask step (:func:`_apply_variants`), per batch entry: softcap and ALiBi, the float
+   mask, then every "take part" rule (bool mask, causal, window, lengths) writes ``-inf`` where
+   a key is removed, so a removed score is never read, whatever it held (NaN from a NaN key,
+   ``-inf + inf``);
 3. the row softmax kernel of :func:`cyattn.softmax`, in place: ``-inf`` positions get exactly
    0, a row with no finite score is all 0.
 """
@@ -157,18 +158,12 @@ def attention_weights(query, key, attn_mask=None, is_causal=False, scale=None, *
         scores = np.zeros(shape, dtype=compute)
     if scores.size:
         _scores(scores, query, key, batch, group, scale, n_threads)
-        if variants.active():
-            lse = _apply_variants(scores, mask.view(np.bool_) if kind == 1 else None,
-                                  mask if kind == 2 else None, is_causal,
-                                  causal_alignment == "bottom_right", variants)
-            _softmax_rows(scores, n_threads)
-            if lse is not None:
-                _sink_shares(scores, lse, variants.sinks)
-        else:
-            _mask_scores(scores, keep=mask.view(np.bool_) if kind == 1 else None,
-                         bias=mask if kind == 2 else None, is_causal=is_causal,
-                         causal_offset=(S - L) if causal_alignment == "bottom_right" else 0)
-            _softmax_rows(scores, n_threads)
+        lse = _apply_variants(scores, mask.view(np.bool_) if kind == 1 else None,
+                              mask if kind == 2 else None, is_causal,
+                              causal_alignment == "bottom_right", variants)
+        _softmax_rows(scores, n_threads)
+        if lse is not None:
+            _sink_shares(scores, lse, variants.sinks)
     if out is not None:
         if scores is not out:
             V.copy_result(out, scores)
@@ -196,27 +191,6 @@ def _scores(scores, query, key, batch, group, scale, n_threads):
         V.threads_for_work(n_threads, count * L * S * E, 1 << 18))
 
 
-def _mask_scores(scores, *, keep, bias, is_causal, causal_offset):
-    """The bias/mask step, in place on the scaled scores (..., L, S).
-
-    Additive terms first (``bias``: the float mask), then each "take part" rule (``keep``:
-    the bool mask; ``is_causal``: key ``j`` visible to query ``i`` iff ``j <= i +
-    causal_offset``) writes ``-inf`` where it removes a key, so the softmax gives it exactly
-    0 and never reads the score that was there.
-
-    Where SDPA's variants (DESIGN 3.7c) fit: a softcap transforms the scores before the bias;
-    ALiBi is one more additive term; a window and per-sequence lengths are more "take part"
-    rules; sinks change the softmax's denominator (the step after this one)."""
-    L, S = scores.shape[-2:]
-    if bias is not None:
-        scores += bias
-    if keep is not None:
-        np.copyto(scores, -np.inf, where=~keep)          # keep broadcasts (not enlarged)
-    if is_causal:
-        removed = np.arange(S)[None, :] > np.arange(L)[:, None] + causal_offset
-        np.copyto(scores, -np.inf, where=removed)
-
-
 class _Variants:
     """The validated variant arguments (see scaled_dot_product_attention)."""
 
@@ -227,11 +201,6 @@ class _Variants:
         self.query_lengths = query_lengths
         self.slopes = slopes
         self.sinks = sinks
-
-    def active(self):
-        return (self.left >= 0 or self.right >= 0 or self.softcap > 0
-                or self.key_lengths is not None or self.query_lengths is not None
-                or self.slopes is not None or self.sinks is not None)
 
 
 def _apply_variants(scores, keep, bias, is_causal, bottom_right, var):
