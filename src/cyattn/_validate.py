@@ -330,6 +330,27 @@ def threads_for_work(n_threads, work, per_thread):
 # Attention variants (window, softcap, per-sequence lengths, ALiBi slopes, sinks)
 # ------------------------------------------------------------------------------------------
 
+class AttentionVariants:
+    """The validated variant arguments of an attention call (see
+    scaled_dot_product_attention): window sides (-1 = unbounded), softcap (0.0 = none) and the
+    per-batch-entry arrays (None when not given)."""
+
+    __slots__ = ("left", "right", "softcap", "key_lengths", "query_lengths", "slopes", "sinks")
+
+    def __init__(self, fname, batch, L, S, compute_dtype, *, window, softcap, key_lengths,
+                 query_lengths, alibi_slopes, sinks):
+        self.left, self.right = check_window(window, S + L + 1, fname)
+        self.softcap = check_softcap(softcap, compute_dtype, fname)
+        self.key_lengths = per_batch_entry(key_lengths, "key_lengths", batch, fname,
+                                           integer=True)
+        self.query_lengths = per_batch_entry(query_lengths, "query_lengths", batch, fname,
+                                             integer=True)
+        self.slopes = per_batch_entry(alibi_slopes, "alibi_slopes", batch, fname,
+                                      integer=False, compute_dtype=compute_dtype)
+        self.sinks = per_batch_entry(sinks, "sinks", batch, fname, integer=False,
+                                     compute_dtype=compute_dtype)
+
+
 def check_window(window, limit, fname):
     """``window=(left, right)`` -> (left, right) with -1 for an unbounded side; sides past
     ``limit`` (S + L + 1, beyond which a side bounds nothing) are clipped to it."""

@@ -229,13 +229,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     kind, mask = V.prepare_mask(attn_mask, "attn_mask", f, compute)
     if kind:
         mask = V.broadcast_mask(mask, batch + (L, S), "attn_mask", f)
-    window_left, window_right = V.check_window(window, S + L + 1, f)
-    softcap = V.check_softcap(softcap, compute, f)
-    key_lengths = V.per_batch_entry(key_lengths, "key_lengths", batch, f, integer=True)
-    query_lengths = V.per_batch_entry(query_lengths, "query_lengths", batch, f, integer=True)
-    alibi_slopes = V.per_batch_entry(alibi_slopes, "alibi_slopes", batch, f, integer=False,
-                                     compute_dtype=compute)
-    sinks = V.per_batch_entry(sinks, "sinks", batch, f, integer=False, compute_dtype=compute)
+    var = V.AttentionVariants(f, batch, L, S, compute, window=window, softcap=softcap,
+                              key_lengths=key_lengths, query_lengths=query_lengths,
+                              alibi_slopes=alibi_slopes, sinks=sinks)
     out_shape = batch + (L, Ev)
     if out is not None:
         V.check_out(out, out_shape, result, f)
@@ -273,8 +269,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
             value, V.batch_offsets(value, batch, group), value.strides[-2] // item,
             V.column_stride(value),
             mask, kind, m_off, m_rs, m_cs, res, lse, L, S, E, Ev, scale, is_causal,
-            causal_alignment == "bottom_right", return_lse, n_threads, window_left,
-            window_right, softcap, key_lengths, query_lengths, alibi_slopes, sinks)
+            causal_alignment == "bottom_right", return_lse, n_threads, var.left, var.right,
+            var.softcap, var.key_lengths, var.query_lengths, var.slopes, var.sinks)
     if out is not None:
         if res is not out:
             V.copy_result(out, res)

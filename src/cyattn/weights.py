@@ -140,13 +140,9 @@ def attention_weights(query, key, attn_mask=None, is_causal=False, scale=None, *
     kind, mask = V.prepare_mask(attn_mask, "attn_mask", f, compute)
     if kind:
         V.broadcast_mask(mask, shape, "attn_mask", f)     # the check; NumPy broadcasts below
-    variants = _Variants(
-        V.check_window(window, S + L + 1, f), V.check_softcap(softcap, compute, f),
-        V.per_batch_entry(key_lengths, "key_lengths", batch, f, integer=True),
-        V.per_batch_entry(query_lengths, "query_lengths", batch, f, integer=True),
-        V.per_batch_entry(alibi_slopes, "alibi_slopes", batch, f, integer=False,
-                          compute_dtype=compute),
-        V.per_batch_entry(sinks, "sinks", batch, f, integer=False, compute_dtype=compute))
+    variants = V.AttentionVariants(f, batch, L, S, compute, window=window, softcap=softcap,
+                                   key_lengths=key_lengths, query_lengths=query_lengths,
+                                   alibi_slopes=alibi_slopes, sinks=sinks)
     if out is not None:
         V.check_out(out, shape, result, f)
     n_threads = V.resolve_threads(n_threads, f)
@@ -189,18 +185,6 @@ def _scores(scores, query, key, batch, group, scale, n_threads):
         key_t.strides[-1] // item,
         scores, V.batch_offsets(scores, batch), S, 1, L, S, E, scale,
         V.threads_for_work(n_threads, count * L * S * E, 1 << 18))
-
-
-class _Variants:
-    """The validated variant arguments (see scaled_dot_product_attention)."""
-
-    def __init__(self, window, softcap, key_lengths, query_lengths, slopes, sinks):
-        self.left, self.right = window
-        self.softcap = softcap
-        self.key_lengths = key_lengths
-        self.query_lengths = query_lengths
-        self.slopes = slopes
-        self.sinks = sinks
 
 
 def _apply_variants(scores, keep, bias, is_causal, bottom_right, var):
