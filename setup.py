@@ -2,7 +2,7 @@
 
 The same Cython sources (src/cyattn/_kernel_sources.pxi lists them) are compiled as
   * cyattn._kernels_baseline: no -march (x86-64 SSE2, armv8-a NEON), runs on every CPU;
-  * cyattn._kernels_avx2 (x86-64 only): -mavx2 -mfma (MSVC: /arch:AVX2);
+  * cyattn._kernels_avx2 (x86-64 only): -mavx2 -mfma -mf16c (x86-64-v3; MSVC: /arch:AVX2);
   * cyattn._kernels_avx512 (x86-64 only): AVX-512 F/VL/BW/DQ + FMA (MSVC: /arch:AVX512),
     the x86-64-v4 feature set, with its own micro-kernel tile sizes (512-bit registers).
 cyattn._backend picks one at import time. No host-specific ISA flag (march=native) and no
@@ -64,8 +64,8 @@ class BuildExt(build_ext):
                 omp_c, omp_l = ["-Xpreprocessor", "-fopenmp"], ["-lomp"]
             else:
                 omp_c, omp_l = ["-fopenmp"], ["-fopenmp"]
-            isa = {"avx2": ["-mavx2", "-mfma"],
-                   "avx512": ["-mavx2", "-mfma", "-mavx512f", "-mavx512vl", "-mavx512bw",
+            isa = {"avx2": ["-mavx2", "-mfma", "-mf16c"],
+                   "avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512vl", "-mavx512bw",
                               "-mavx512dq"]}
         use_omp = not _env_flag("CYATTN_NO_OPENMP") and self._compiles_and_links(omp_c, omp_l)
         self.cyattn_openmp = use_omp

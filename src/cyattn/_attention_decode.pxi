@@ -9,6 +9,11 @@
 #   value is never read (the Python side copies strided rows, so every layout decodes).
 # * decode loops prefetch DECODE_PF_BYTES ahead into L2 (decode was latency-bound at ~60 % of
 #   the streaming read bandwidth without it).
+# * half-precision K/V (issue 19; float32 compute only): kv_fmt names the 16-bit format of K
+#   and V (0: they are of the compute dtype), each key and value row is widened into a
+#   per-thread row of float32 as it is read (kv_row), so the stream reads half the bytes and
+#   no float32 copy of K or V exists. Non-finite rows are then not redone here: the call
+#   reports them (status 2) and the caller redoes it on float32 inputs.
 
 cdef inline floating dot_lanes(const floating* a, const floating* b, Py_ssize_t n) noexcept nogil:
     """sum_e a[e] * b[e] with LANES lane-wise partial sums combined pairwise (vectorised)."""
@@ -27,6 +32,17 @@ cdef inline floating dot_lanes(const floating* a, const floating* b, Py_ssize_t 
     return lanes_sum(part) + tail
 
 
+cdef inline const floating* kv_row(const void* base, Py_ssize_t off, int kv_fmt, Py_ssize_t n,
+                                   floating* wide) noexcept nogil:
+    """The row of K or V at element offset `off`: the stored row itself, or for half-precision
+    storage (kv_fmt != 0; float32 compute only) its n elements widened into `wide`."""
+    if floating is float:
+        if kv_fmt != 0:
+            cyattn_half_to_float(<const uint16_t*>base + off, wide, n, kv_fmt)
+            return wide
+    return <const floating*>base + off
+
+
 cdef inline void prefetch_row(const void* row, Py_ssize_t nbytes) noexcept nogil:
     """Prefetch (into L2) each 64-byte line of row[0:nbytes]."""
     cdef Py_ssize_t off = 0
@@ -36,19 +52,20 @@ cdef inline void prefetch_row(const void* row, Py_ssize_t nbytes) noexcept nogil
 
 
 cdef void decode_chunk(const floating* q, Py_ssize_t q_rs,
-                       const floating* k, Py_ssize_t k_rs,
-                       const floating* v, Py_ssize_t v_rs,
+                       const void* k, Py_ssize_t k_rs,
+                       const void* v, Py_ssize_t v_rs, int kv_fmt,
                        const uint8_t* bmask, const floating* amask,
                        Py_ssize_t m_rs, Py_ssize_t m_cs,
                        Py_ssize_t L, Py_ssize_t j0, Py_ssize_t kb,
                        Py_ssize_t E, Py_ssize_t Ev, floating scale,
                        const RowLimits* lim,
-                       floating* scores, floating* part) noexcept nogil:
+                       floating* scores, floating* part, floating* wide) noexcept nogil:
     """Partial softmax state of all L query rows over keys j0 .. j0+kb (unit-stride rows).
 
     Writes part[r] = (max, sum, accumulator[Ev]) for r < L, stride Ev + 2. Each key row and
     value row is read once for all query rows; rows past the query length read nothing and
-    leave an empty state (max -inf, sum 0).
+    leave an empty state (max -inf, sum 0). k and v hold elements of the compute dtype, or of
+    the 16-bit format kv_fmt (then widened a row at a time into `wide`, max(E, Ev) elements).
     """
     cdef Py_ssize_t r, j, e, lo, hi
     cdef Py_ssize_t live = lim.lend if lim.lend < L else L
@@ -60,19 +77,24 @@ cdef void decode_chunk(const floating* q, Py_ssize_t q_rs,
     cdef const floating* k_row
     cdef const floating* v_row
     cdef Py_ssize_t pf
-    cdef Py_ssize_t row_bytes_k = E * <Py_ssize_t>sizeof(floating)
-    cdef Py_ssize_t row_bytes_v = Ev * <Py_ssize_t>sizeof(floating)
+    cdef Py_ssize_t esz = 2 if kv_fmt != 0 else <Py_ssize_t>sizeof(floating)
+    cdef Py_ssize_t row_bytes_k = E * esz
+    cdef Py_ssize_t row_bytes_v = Ev * esz
+    cdef const char* kc = <const char*>k
+    cdef const char* vc = <const char*>v
     # Software prefetch (into L2) DECODE_PF_BYTES ahead within the chunk: without it the
     # per-key reduction keeps too few cache misses in flight and decode ran at ~60 % of the
     # streaming read bandwidth; with it ~85 %. The last rows of the key pass prefetch the
     # first value rows. Prefetches never fault, but stay inside the chunk anyway.
-    pf = (DECODE_PF_BYTES // <Py_ssize_t>sizeof(floating)) // (E if E > 0 else 1) + 1
+    pf = (DECODE_PF_BYTES // esz) // (E if E > 0 else 1) + 1
     for j in range(kb):
-        k_row = k + (j0 + j) * k_rs
         if j + pf < kb:
-            prefetch_row(k_row + pf * k_rs, row_bytes_k)
+            prefetch_row(kc + (j0 + j + pf) * k_rs * esz, row_bytes_k)
         elif j + pf - kb < kb:                    # the first value rows, for the second pass
-            prefetch_row(v + (j0 + j + pf - kb) * v_rs, row_bytes_v)
+            prefetch_row(vc + (j0 + j + pf - kb) * v_rs * esz, row_bytes_v)
+        if live <= 0:
+            continue
+        k_row = kv_row(k, (j0 + j) * k_rs, kv_fmt, E, wide)
         for r in range(live):
             scores[r * kb + j] = scale * dot_lanes(q + r * q_rs, k_row, E)
     for r in range(live, L):
@@ -107,15 +129,17 @@ cdef void decode_chunk(const floating* q, Py_ssize_t q_rs,
         acc[1] = total
         for e in range(Ev):
             acc[2 + e] = 0
-    pf = (DECODE_PF_BYTES // <Py_ssize_t>sizeof(floating)) // (Ev if Ev > 0 else 1) + 1
+    pf = (DECODE_PF_BYTES // esz) // (Ev if Ev > 0 else 1) + 1
     for j in range(kb):
-        v_row = v + (j0 + j) * v_rs
         if j + pf < kb:
-            prefetch_row(v_row + pf * v_rs, row_bytes_v)
+            prefetch_row(vc + (j0 + j + pf) * v_rs * esz, row_bytes_v)
+        v_row = NULL
         for r in range(live):
             w = scores[r * kb + j]
             if w == 0:      # adds nothing, and a masked key's inf/NaN value is never read
                 continue
+            if v_row == NULL:
+                v_row = kv_row(v, (j0 + j) * v_rs, kv_fmt, Ev, wide)
             acc = part + r * (Ev + 2) + 2
             for e in range(Ev):
                 acc[e] += w * v_row[e]
@@ -175,17 +199,18 @@ cdef void decode_key_range(const RowLimits* lim, Py_ssize_t L, Py_ssize_t* ka,
 
 
 cdef void decode_task(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
-                      const floating* k, const int64_t* k_off, Py_ssize_t k_rs,
-                      const floating* v, const int64_t* v_off, Py_ssize_t v_rs,
+                      const void* k, const int64_t* k_off, Py_ssize_t k_rs,
+                      const void* v, const int64_t* v_off, Py_ssize_t v_rs, int kv_fmt,
                       const uint8_t* bmask, const floating* amask,
                       const int64_t* m_off, Py_ssize_t m_rs, Py_ssize_t m_cs,
                       Py_ssize_t L, Py_ssize_t S, Py_ssize_t E, Py_ssize_t Ev, floating scale,
                       const AttnVariant* var, Py_ssize_t bi, Py_ssize_t c,
-                      floating* scores, floating* part) noexcept nogil:
+                      floating* scores, floating* part, floating* wide) noexcept nogil:
     """Task (batch entry bi, chunk c): its partial states, over the keys of the chunk that
     some row of the entry may see (an empty state when none does)."""
     cdef RowLimits lim
     cdef Py_ssize_t ka, kz, j0, j1, r, e, mo
+    cdef Py_ssize_t esz = 2 if kv_fmt != 0 else <Py_ssize_t>sizeof(floating)
     cdef floating* acc
     row_limits(var, bi, L, S, &lim)
     decode_key_range(&lim, L, &ka, &kz)
@@ -202,15 +227,16 @@ cdef void decode_task(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
                 acc[2 + e] = 0
         return
     mo = m_off[bi] if m_off != NULL else 0
-    decode_chunk(q + q_off[bi], q_rs, k + k_off[bi], k_rs, v + v_off[bi], v_rs,
+    decode_chunk(q + q_off[bi], q_rs, <const char*>k + k_off[bi] * esz, k_rs,
+                 <const char*>v + v_off[bi] * esz, v_rs, kv_fmt,
                  bmask + mo if bmask != NULL else NULL,
                  amask + mo if amask != NULL else NULL, m_rs, m_cs,
-                 L, j0, j1 - j0, E, Ev, scale, &lim, scores, part)
+                 L, j0, j1 - j0, E, Ev, scale, &lim, scores, part, wide)
 
 
 cdef int decode_finish(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
-                       const floating* k, const int64_t* k_off, Py_ssize_t k_rs,
-                       const floating* v, const int64_t* v_off, Py_ssize_t v_rs,
+                       const void* k, const int64_t* k_off, Py_ssize_t k_rs,
+                       const void* v, const int64_t* v_off, Py_ssize_t v_rs, int kv_fmt,
                        const uint8_t* bmask, const floating* amask,
                        const int64_t* m_off, Py_ssize_t m_rs, Py_ssize_t m_cs,
                        floating* out, floating* lse, Py_ssize_t bi,
@@ -218,13 +244,20 @@ cdef int decode_finish(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
                        const AttnVariant* var, const floating* parts,
                        Py_ssize_t chunks) noexcept nogil:
     """Merge batch entry bi's partial states and redo its non-finite rows; 1 if out of
-    memory."""
+    memory. With half-precision K/V (kv_fmt != 0) non-finite rows are not redone: 2 if there
+    is one (the caller then redoes the call on float32 inputs), else 0."""
     cdef RowLimits lim
     cdef Py_ssize_t mo = m_off[bi] if m_off != NULL else 0
+    cdef Py_ssize_t r
     row_limits(var, bi, L, S, &lim)
     decode_merge(parts, chunks, L, Ev, out + bi * L * Ev, lse + bi * L, &lim)
-    return redo_nonfinite_rows(q + q_off[bi], q_rs, 1, k + k_off[bi], k_rs, 1,
-                               v + v_off[bi], v_rs, 1,
+    if kv_fmt != 0:
+        for r in range(L):
+            if row_nonfinite(out + (bi * L + r) * Ev, lse[bi * L + r], Ev):
+                return 2
+        return 0
+    return redo_nonfinite_rows(q + q_off[bi], q_rs, 1, <const floating*>k + k_off[bi], k_rs, 1,
+                               <const floating*>v + v_off[bi], v_rs, 1,
                                bmask + mo if bmask != NULL else NULL,
                                amask + mo if amask != NULL else NULL, m_rs, m_cs,
                                out + bi * L * Ev, lse + bi * L,
@@ -232,14 +265,14 @@ cdef int decode_finish(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
 
 
 cdef void decode_attention(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
-                           const floating* k, const int64_t* k_off, Py_ssize_t k_rs,
-                           const floating* v, const int64_t* v_off, Py_ssize_t v_rs,
+                           const void* k, const int64_t* k_off, Py_ssize_t k_rs,
+                           const void* v, const int64_t* v_off, Py_ssize_t v_rs, int kv_fmt,
                            const uint8_t* bmask, const floating* amask,
                            const int64_t* m_off, Py_ssize_t m_rs, Py_ssize_t m_cs,
                            floating* out, floating* lse,
                            Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E,
                            Py_ssize_t Ev, floating scale, const AttnVariant* var,
-                           int n_threads, int* status) noexcept nogil:
+                           int n_threads, int* status, int* half_redo) noexcept nogil:
     """Attention for a few query rows against many keys (decode with a KV cache).
 
     S is split into chunks of DECODE_CHUNK keys, a number that does not depend on the thread
@@ -248,7 +281,8 @@ cdef void decode_attention(const floating* q, const int64_t* q_off, Py_ssize_t q
     merged per batch entry in chunk order, so results are bit-identical for any thread count.
     Only the chunks that hold keys some row may see (row limits: causal, window, lengths) are
     visited, and within a chunk only those keys. Rows whose result is not finite are redone by
-    the two-pass path.
+    the two-pass path (with half-precision K/V: half_redo is set to 1 instead, see
+    decode_finish).
     """
     cdef Py_ssize_t c_beg = -1, c_end = 0, ka, kz
     cdef Py_ssize_t chunks, ntasks
@@ -257,7 +291,10 @@ cdef void decode_attention(const floating* q, const int64_t* q_off, Py_ssize_t q
     cdef RowLimits lim
     cdef floating* parts
     cdef floating* scores
+    cdef floating* wide
     cdef void* raw
+    cdef int done
+    cdef Py_ssize_t n_wide = round_up(E if E > Ev else Ev, 16) + 16
     for bi in range(batch):                       # chunks some batch entry needs
         row_limits(var, bi, L, S, &lim)
         decode_key_range(&lim, L, &ka, &kz)
@@ -277,24 +314,30 @@ cdef void decode_attention(const floating* q, const int64_t* q_off, Py_ssize_t q
         return
     if ntasks > 0:
         with parallel(num_threads=n_threads):
-            raw = malloc(<size_t>(L * DECODE_CHUNK) * sizeof(floating) + ALIGN)
+            raw = malloc(<size_t>(L * DECODE_CHUNK + n_wide) * sizeof(floating) + ALIGN)
             scores = NULL
+            wide = NULL
             if raw == NULL:
                 status[0] = 1
             else:
                 scores = <floating*>align_ptr(raw)
+                wide = scores + L * DECODE_CHUNK
             for t in prange(ntasks, schedule='static'):
                 if raw != NULL:
-                    decode_task(q, q_off, q_rs, k, k_off, k_rs, v, v_off, v_rs, bmask, amask,
-                                m_off, m_rs, m_cs, L, S, E, Ev, scale, var, t // chunks,
-                                c_beg + t % chunks, scores, parts + t * stride)
+                    decode_task(q, q_off, q_rs, k, k_off, k_rs, v, v_off, v_rs, kv_fmt,
+                                bmask, amask, m_off, m_rs, m_cs, L, S, E, Ev, scale, var,
+                                t // chunks, c_beg + t % chunks, scores, parts + t * stride,
+                                wide)
             free(raw)
     if status[0]:
         free(parts)
         return
     for bi in prange(batch, num_threads=n_threads, schedule='static'):
-        if decode_finish(q, q_off, q_rs, k, k_off, k_rs, v, v_off, v_rs, bmask, amask,
-                         m_off, m_rs, m_cs, out, lse, bi, L, S, E, Ev, scale, var,
-                         parts + bi * chunks * stride, chunks):
+        done = decode_finish(q, q_off, q_rs, k, k_off, k_rs, v, v_off, v_rs, kv_fmt, bmask,
+                             amask, m_off, m_rs, m_cs, out, lse, bi, L, S, E, Ev, scale, var,
+                             parts + bi * chunks * stride, chunks)
+        if done == 1:
             status[0] = 1
+        elif done == 2:
+            half_redo[0] = 1
     free(parts)

@@ -1,7 +1,7 @@
 """Pick the compiled kernel variant once, at import.
 
 The baseline module (no -march) always loads and reports the CPU's features (CPUID leaves 1 and
-7, and XGETBV for the OS's support of YMM and ZMM state). On x86-64 the best of the AVX2+FMA and
+7, and XGETBV for the OS's support of YMM and ZMM state). On x86-64 the best of the AVX2+FMA+F16C and
 AVX-512 (F, VL, BW, DQ: x86-64-v4) modules that the CPU and OS support is loaded.
 ``CYATTN_BACKEND=baseline|avx2|avx512`` forces one; forcing a variant this
 build lacks or this CPU cannot run raises ImportError with the reason. Nothing else imports a
@@ -17,11 +17,11 @@ __all__ = ["kernels", "variant", "available_variants", "cpu_features", "load_var
            "max_threads", "in_forked_child"]
 
 _FEATURE_BITS = {"sse2": 1, "avx": 2, "fma": 4, "avx2": 8, "os_ymm": 16, "avx512f": 32, "neon": 64,
-                 "avx512bw": 128, "avx512dq": 256, "avx512vl": 512, "os_zmm": 1024}
+                 "avx512bw": 128, "avx512dq": 256, "avx512vl": 512, "os_zmm": 1024, "f16c": 2048}
 VARIANTS = ("baseline", "avx2", "avx512")     # best last
 _NEEDS = {"baseline": set(),
-          "avx2": {"avx", "avx2", "fma", "os_ymm"},
-          "avx512": {"avx", "avx2", "fma", "os_ymm", "avx512f", "avx512vl", "avx512bw",
+          "avx2": {"avx", "avx2", "fma", "f16c", "os_ymm"},
+          "avx512": {"avx", "avx2", "fma", "f16c", "os_ymm", "avx512f", "avx512vl", "avx512bw",
                      "avx512dq", "os_zmm"}}
 
 

@@ -3,7 +3,8 @@
  *   - CPU feature detection (CPUID leaves 1 and 7, XGETBV for OS support of YMM state),
  *   - whether this module was compiled with OpenMP, and thin wrappers over the OpenMP runtime
  *     that also compile (as single-threaded stubs) when it was not,
- *   - a prefetch hint.
+ *   - a prefetch hint,
+ *   - widening float16/bfloat16 elements to float32 (F16C where the variant is built with it).
  * Everything here is a pure function of its arguments or of the CPU: no mutable state.
  */
 #ifndef CYATTN_SUPPORT_H
@@ -35,6 +36,7 @@
 #define CYATTN_CPU_AVX512DQ 256
 #define CYATTN_CPU_AVX512VL 512
 #define CYATTN_CPU_OSZMM   1024  /* the OS saves opmask and ZMM state (XCR0 bits 5, 6, 7) */
+#define CYATTN_CPU_F16C    2048
 
 #if CYATTN_X86
 static void cyattn_cpuid(unsigned int leaf, unsigned int sub, unsigned int r[4]) {
@@ -73,6 +75,7 @@ static int cyattn_cpu_features(void) {
     if (r[3] & (1u << 26)) f |= CYATTN_CPU_SSE2;
     if (r[2] & (1u << 12)) f |= CYATTN_CPU_FMA;
     if (r[2] & (1u << 28)) f |= CYATTN_CPU_AVX;
+    if (r[2] & (1u << 29)) f |= CYATTN_CPU_F16C;
     if ((r[2] & (1u << 27)) && (cyattn_xgetbv0() & 6u) == 6u) f |= CYATTN_CPU_OSYMM;
     if ((r[2] & (1u << 27)) && (cyattn_xgetbv0() & 0xE6u) == 0xE6u) f |= CYATTN_CPU_OSZMM;
     if (max_leaf >= 7) {
@@ -119,5 +122,60 @@ static int cyattn_omp_pause(void) { return -1; }
 #define cyattn_prefetch_w(p) ((void)(p))
 #define cyattn_prefetch_r(p) ((void)(p))
 #endif
+
+/* ---- half-precision storage ---------------------------------------------------------- */
+/* Formats of 16-bit elements the kernels read (widened to float32 before any arithmetic). */
+#define CYATTN_HALF_F16  1   /* IEEE 754 binary16 */
+#define CYATTN_HALF_BF16 2   /* bfloat16: the top half of a float32 */
+
+#include <string.h>
+#include <stddef.h>
+#if (defined(__F16C__) || (defined(_MSC_VER) && defined(__AVX2__))) && CYATTN_X86
+#include <immintrin.h>
+#define CYATTN_HAVE_F16C 1
+#else
+#define CYATTN_HAVE_F16C 0
+#endif
+
+/* binary16 bits -> float32 bits, exactly, with integer operations and one exact int->float
+   conversion only (so no subnormal float is ever an operand: the result does not depend on
+   the FTZ/DAZ modes). Normal: rebias the exponent (+112) and shift the significand; subnormal
+   (exponent 0): m * 2^-24, computed as (float)m * 2^-24, which is exact and normal in float32;
+   inf/NaN (exponent 31): exponent 255 with the significand kept (a NaN stays a NaN with its
+   payload). Branch-free, so compilers vectorise the loop below. */
+static inline uint32_t cyattn_f16_bits_to_f32_bits(uint32_t h) {
+    uint32_t m = h & 0x7fffu;
+    uint32_t normal = (m << 13) + (112u << 23);
+    uint32_t special = (m << 13) | 0x7f800000u;
+    float sub_f = (float)(int32_t)m * 5.9604644775390625e-08f;     /* 2^-24 */
+    uint32_t sub;
+    uint32_t b;
+    memcpy(&sub, &sub_f, 4);
+    b = (m >= 0x7c00u) ? special : normal;
+    b = (m < 0x0400u) ? sub : b;
+    return b | ((h & 0x8000u) << 16);
+}
+
+/* dst[0:n] = src[0:n] widened to float32 (fmt: CYATTN_HALF_F16 or CYATTN_HALF_BF16). Exact for
+   every one of the 65,536 bit patterns of either format; on builds with F16C the binary16 path
+   uses the conversion instruction (which also quiets a signalling NaN). */
+static inline void cyattn_half_to_float(const uint16_t* src, float* dst, ptrdiff_t n, int fmt) {
+    ptrdiff_t i = 0;
+    if (fmt == CYATTN_HALF_BF16) {
+        for (; i < n; i++) {
+            uint32_t b = (uint32_t)src[i] << 16;
+            memcpy(dst + i, &b, 4);
+        }
+        return;
+    }
+#if CYATTN_HAVE_F16C
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(src + i))));
+#endif
+    for (; i < n; i++) {
+        uint32_t b = cyattn_f16_bits_to_f32_bits(src[i]);
+        memcpy(dst + i, &b, 4);
+    }
+}
 
 #endif /* CYATTN_SUPPORT_H */

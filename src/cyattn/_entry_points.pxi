@@ -54,6 +54,27 @@ def tanh_values(x, out):
         PyBuffer_Release(&xv)
 
 
+def half_to_float32(x, out, int fmt):
+    """out = x widened to float32 with the kernels' conversion (tests): x a 1-D C-contiguous
+    uint16 array of float16 (fmt 1) or bfloat16 (fmt 2) bit patterns, out float32 of x's size."""
+    cdef Py_buffer xv, ov
+    cdef char* xp = _buf(x, &xv, False)
+    cdef char* op
+    cdef Py_ssize_t n = xv.len // 2
+    try:
+        op = _buf(out, &ov, True)
+        try:
+            if (fmt != CYATTN_HALF_F16 and fmt != CYATTN_HALF_BF16) or xv.itemsize != 2 \
+                    or ov.itemsize != 4 or ov.len != 4 * n:
+                raise ValueError("half_to_float32: uint16 x, float32 out of its size, fmt 1 or 2")
+            with nogil:
+                cyattn_half_to_float(<const uint16_t*>xp, <float*>op, n, fmt)
+        finally:
+            PyBuffer_Release(&ov)
+    finally:
+        PyBuffer_Release(&xv)
+
+
 def softmax_rows(x, out, bmask, amask, Py_ssize_t b_rs, Py_ssize_t b_cs,
                  Py_ssize_t a_rs, Py_ssize_t a_cs, bint log_out, int n_threads):
     """Row softmax of C-contiguous 2-D x into C-contiguous out (same shape and dtype).
@@ -160,7 +181,8 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
                        Py_ssize_t m_rs, Py_ssize_t m_cs,
                        char* op, char* lp, Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S,
                        Py_ssize_t E, Py_ssize_t Ev, double scale, const AttnVariant* var,
-                       bint want_lse, int n_threads) noexcept nogil:
+                       bint want_lse, int n_threads, int kv_fmt=0,
+                       int* half_redo=NULL) noexcept nogil:
     """Pick the attention path and run it; 0, or 1 if scratch could not be allocated.
     Without ``want_lse`` the fused path leaves lse holding values that are inf or NaN where
     the true lse would be, not the lse itself (see fused_attention_task).
@@ -168,6 +190,11 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
     A few query rows (unit-stride rows, more than a tiny problem) take the decode path,
     parallel over key chunks; everything else the fused path. The choice depends only on
     the shapes and strides, never on the thread count, and neither does any result.
+
+    kv_fmt != 0 (CYATTN_HALF_F16/BF16; float32 compute): k and v hold 16-bit elements, which
+    only the decode path reads: half_redo is set to 1 if the call does not take it (nothing is
+    computed) or if a row's result is not finite (see decode_finish); the caller then redoes
+    the call on float32 K/V, so a half call gives the float32 call's bits.
     """
     cdef int status = 0
     # wide groups only for heads up to 128 + 128: their packed Q^T and O^T (qg x (E + Ev))
@@ -177,6 +204,9 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
     cdef Py_ssize_t tasks = batch * ((L + qg - 1) // qg)
     cdef bint decode = (0 < L <= DECODE_MAX_L and batch * S * (E + Ev) >= L * DECODE_MIN_WORK
                         and q_cs == 1 and k_cs == 1 and v_cs == 1)
+    if kv_fmt != 0 and (dbl or not decode):
+        half_redo[0] = 1
+        return 0
     if decode:
         tasks = batch * ((S + DECODE_CHUNK - 1) // DECODE_CHUNK)
     # Smaller query groups when there are too few tasks to keep the threads busy (every row
@@ -188,21 +218,21 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
         n_threads = <int>(tasks if tasks > 0 else 1)
     if decode:
         if dbl:
-            decode_attention(<const double*>qp, q_off, q_rs, <const double*>kp, k_off, k_rs,
-                                  <const double*>vp, v_off, v_rs,
+            decode_attention(<const double*>qp, q_off, q_rs, kp, k_off, k_rs,
+                             vp, v_off, v_rs, 0,
                                   <const uint8_t*>mp if mask_kind == 1 else NULL,
                                   <const double*>mp if mask_kind == 2 else NULL,
                                   mo, m_rs, m_cs, <double*>op, <double*>lp,
                                   batch, L, S, E, Ev, scale, var,
-                                  n_threads, &status)
+                                  n_threads, &status, half_redo)
         else:
-            decode_attention(<const float*>qp, q_off, q_rs, <const float*>kp, k_off, k_rs,
-                                  <const float*>vp, v_off, v_rs,
+            decode_attention(<const float*>qp, q_off, q_rs, kp, k_off, k_rs,
+                             vp, v_off, v_rs, kv_fmt,
                                   <const uint8_t*>mp if mask_kind == 1 else NULL,
                                   <const float*>mp if mask_kind == 2 else NULL,
                                   mo, m_rs, m_cs, <float*>op, <float*>lp,
                                   batch, L, S, E, Ev, <float>scale, var,
-                                  n_threads, &status)
+                                  n_threads, &status, half_redo)
     elif dbl:
         fused_attention(<const double*>qp, q_off, q_rs, q_cs, <const double*>kp, k_off, k_rs, k_cs,
                        <const double*>vp, v_off, v_rs, v_cs,
@@ -341,7 +371,7 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
               double scale, bint causal, bint bottom_right, bint want_lse, int n_threads,
               Py_ssize_t window_left=-1, Py_ssize_t window_right=-1, double softcap=0.0,
               const int64_t[::1] key_len=None, const int64_t[::1] query_len=None,
-              const double[::1] slopes=None, const double[::1] sinks=None):
+              const double[::1] slopes=None, const double[::1] sinks=None, int kv_fmt=0):
     """Scaled dot-product attention for `batch = len(q_off)` independent (L, S) problems.
 
     q, k, v, mask are addressed by element offsets per batch entry and element strides.
@@ -351,11 +381,16 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
     Variants (_attention_variants.pxi): window sides (-1 = unbounded, else 0 .. S + L),
     softcap (0 = none), and per batch entry (length ``batch`` each, or None): key and query
     lengths, ALiBi slopes and sink logits (values already rounded to the data dtype).
+    kv_fmt: 0, or 1 (float16) / 2 (bfloat16) for k and v holding those 16-bit elements (as
+    uint16 buffers; float32 q, out and lse), read only by the decode path. Returns True if the
+    caller must redo such a call on float32 K/V (it is not a decode call: nothing was
+    computed; or a row's result is not finite), else False.
     """
     cdef Py_buffer qv, kv, vv, mv, ov, lv
     cdef char* mp = NULL
     cdef const int64_t* mo = NULL
     cdef int status = 0
+    cdef int half_redo = 0
     cdef AttnVariant var
     var.causal = causal
     var.bottom_right = bottom_right
@@ -382,12 +417,17 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
                     try:
                         lp = _buf(lse, &lv, True)
                         try:
+                            if kv_fmt != 0 and (kv.itemsize != 2 or vv.itemsize != 2
+                                                or qv.itemsize != 4 or ov.itemsize != 4):
+                                raise ValueError("cyattn kernels: kv_fmt needs 16-bit k and v "
+                                                 "and float32 q and out")
                             with nogil:
                                 status = attention_run(
                                     qv.itemsize == 8, qp, &q_off[0], q_rs, q_cs,
                                     kp, &k_off[0], k_rs, k_cs, vp, &v_off[0], v_rs, v_cs,
                                     mp, mask_kind, mo, m_rs, m_cs, op, lp, q_off.shape[0],
-                                    L, S, E, Ev, scale, &var, want_lse, n_threads)
+                                    L, S, E, Ev, scale, &var, want_lse, n_threads, kv_fmt,
+                                    &half_redo)
                         finally:
                             PyBuffer_Release(&lv)
                     finally:
@@ -403,6 +443,7 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
         PyBuffer_Release(&qv)
     if status:
         raise MemoryError("cyattn.scaled_dot_product_attention: could not allocate scratch")
+    return half_redo != 0
 
 
 def softmax_fast(x, out, bint log_out, int n_threads, empty):

@@ -16,7 +16,7 @@
 from libc.stdlib cimport malloc, free
 from libc.string cimport memset, memcpy
 from libc.math cimport log, isnan, sqrt
-from libc.stdint cimport int32_t, uint32_t, int64_t, uint64_t, uint8_t, uintptr_t
+from libc.stdint cimport int32_t, uint16_t, uint32_t, int64_t, uint64_t, uint8_t, uintptr_t
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_RECORDS_RO, PyBUF_RECORDS,
                              PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE)
 cimport cython
@@ -25,7 +25,8 @@ from cython.parallel cimport prange, parallel
 
 from ._kernels cimport (cyattn_cpu_features, cyattn_openmp_enabled, cyattn_omp_max_threads,
                         cyattn_omp_num_procs, cyattn_omp_pause, cyattn_prefetch_w,
-                        cyattn_prefetch_r)
+                        cyattn_prefetch_r, cyattn_half_to_float, CYATTN_HALF_F16,
+                        CYATTN_HALF_BF16)
 
 cdef extern from *:
     """

@@ -1,6 +1,8 @@
 # Declarations shared by the kernel modules: the C support header (CPU features, OpenMP
-# wrappers, prefetch) that Cython cannot express itself. Only extern declarations live here,
+# wrappers, prefetch, half-precision widening) that Cython cannot express itself. Only extern declarations live here,
 # so cimporting this file needs no runtime module.
+
+from libc.stdint cimport uint16_t
 
 cdef extern from "_cyattn_support.h" nogil:
     int CYATTN_CPU_SSE2
@@ -14,6 +16,10 @@ cdef extern from "_cyattn_support.h" nogil:
     int CYATTN_CPU_AVX512DQ
     int CYATTN_CPU_AVX512VL
     int CYATTN_CPU_OSZMM
+    int CYATTN_CPU_F16C
+    int CYATTN_HALF_F16
+    int CYATTN_HALF_BF16
+    void cyattn_half_to_float(const uint16_t* src, float* dst, Py_ssize_t n, int fmt)
     int cyattn_cpu_features()
     int cyattn_openmp_enabled()
     int cyattn_omp_max_threads()

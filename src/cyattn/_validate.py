@@ -62,6 +62,23 @@ def float_dtypes(*arrays):
     return compute, result
 
 
+# The kernels' codes for 16-bit storage formats (_cyattn_support.h: CYATTN_HALF_*)
+HALF_F16, HALF_BF16 = 1, 2
+_DECODE_MAX_L = 4        # the kernels' DECODE_MAX_L
+
+
+def half_kv_format(key, value, compute, L):
+    """The kernels' code for reading ``key`` and ``value`` as 16-bit elements (HALF_F16 or
+    HALF_BF16: both float16 or both bfloat16, float32 compute, 1 <= L <= 4: a call that may
+    take the decode path, the only one that reads them; the kernel says when it does not), else
+    0 (they are converted to the compute dtype)."""
+    if compute != np.float32 or not 0 < L <= _DECODE_MAX_L or key.dtype != value.dtype:
+        return 0
+    if key.dtype == np.float16:
+        return HALF_F16
+    return HALF_BF16 if is_bfloat16(key.dtype) else 0
+
+
 def kernel_ready(arr, dtype):
     """``arr`` in ``dtype`` with aligned data and strides that are multiples of the itemsize.
 
@@ -402,7 +419,8 @@ def per_batch_entry(value, name, batch, fname, *, integer, compute_dtype=None):
                             f"{arr.dtype}")
         if arr.size and arr.min() < 0:
             raise ValueError(f"{fname}: {name} must be >= 0, got a minimum of {arr.min()}")
-    elif arr.dtype == np.bool_ or arr.dtype.kind not in "iuf" or arr.dtype == object:
+    elif (arr.dtype == np.bool_ or arr.dtype.kind not in "iuf" or arr.dtype == object) \
+            and not is_bfloat16(arr.dtype):
         raise TypeError(f"{fname}: {name} must be a real (float) array, got dtype {arr.dtype}")
     shape = broadcast_shapes((arr.shape, batch), f"{name} and the batch shape", fname)
     if shape is None or shape != tuple(batch):

@@ -245,32 +245,40 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     lse = np.empty(batch + (L,), dtype=compute)
     if count and L:
         n_threads = V.threads_for_work(n_threads, count * L * max(S, 1) * (E + Ev + 8), 1 << 18)
-        query = V.kernel_ready(query, compute)
-        key = V.kernel_ready(key, compute)
-        value = V.kernel_ready(value, compute)
-        if L <= _DECODE_MAX_L:
-            # The kernel's decode path (a few query rows) reads rows of adjacent elements;
-            # other layouts are copied, so they give the C-contiguous bits (huge broadcast
-            # views are not: they take the fused path, equal to rounding).
-            query = V.unit_stride_rows(query, "query", f)
-            key = V.unit_stride_rows(key, "key", f)
-            value = V.unit_stride_rows(value, "value", f)
-        item = query.itemsize
         if kind:
             m_off = V.batch_offsets(mask, batch)
             m_rs, m_cs = mask.strides[-2] // mask.itemsize, mask.strides[-1] // mask.itemsize
         else:
             m_off, m_rs, m_cs = np.zeros(1, np.int64), 0, 0
-        _backend.kernels.attention(
-            query, V.batch_offsets(query, batch), query.strides[-2] // item,
-            V.column_stride(query),
-            key, V.batch_offsets(key, batch, group), key.strides[-2] // item,
-            V.column_stride(key),
-            value, V.batch_offsets(value, batch, group), value.strides[-2] // item,
-            V.column_stride(value),
-            mask, kind, m_off, m_rs, m_cs, res, lse, L, S, E, Ev, scale, is_causal,
-            causal_alignment == "bottom_right", return_lse, n_threads, var.left, var.right,
-            var.softcap, var.key_lengths, var.query_lengths, var.slopes, var.sinks)
+
+        def run(kv_fmt):
+            q, k, v = (V.kernel_ready(query, compute),
+                       V.kernel_ready(key, key.dtype if kv_fmt else compute),
+                       V.kernel_ready(value, value.dtype if kv_fmt else compute))
+            if L <= _DECODE_MAX_L:
+                # The kernel's decode path (a few query rows) reads rows of adjacent elements;
+                # other layouts are copied, so they give the C-contiguous bits (huge broadcast
+                # views are not: they take the fused path, equal to rounding).
+                q = V.unit_stride_rows(q, "query", f)
+                k = V.unit_stride_rows(k, "key", f)
+                v = V.unit_stride_rows(v, "value", f)
+            if kv_fmt:
+                # 16-bit storage the decode stream widens itself (issue 19): no float32 copy
+                k, v = k.view(np.uint16), v.view(np.uint16)
+            return _backend.kernels.attention(
+                q, V.batch_offsets(q, batch), q.strides[-2] // q.itemsize, V.column_stride(q),
+                k, V.batch_offsets(k, batch, group), k.strides[-2] // k.itemsize,
+                V.column_stride(k),
+                v, V.batch_offsets(v, batch, group), v.strides[-2] // v.itemsize,
+                V.column_stride(v),
+                mask, kind, m_off, m_rs, m_cs, res, lse, L, S, E, Ev, scale, is_causal,
+                causal_alignment == "bottom_right", return_lse, n_threads, var.left, var.right,
+                var.softcap, var.key_lengths, var.query_lengths, var.slopes, var.sinks,
+                kv_fmt=kv_fmt)
+
+        kv_fmt = V.half_kv_format(key, value, compute, L)
+        if run(kv_fmt) and kv_fmt:
+            run(0)      # a non-finite row: redone on float32 K/V, by the two-pass path
     if out is not None:
         if res is not out:
             V.copy_result(out, res)

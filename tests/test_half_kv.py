@@ -1,0 +1,186 @@
+"""Half-precision K/V read by the kernels themselves (issue 19): the 16-bit -> float32 widening
+of every variant, and decode calls whose float16 / bfloat16 keys and values are streamed as
+they are stored (no float32 copy of K or V).
+
+The widening is exact, so a decode call on half K/V does the float32 call's arithmetic on the
+same values: its result must equal, bit for bit, the float32 call on ``key.astype(float32)``
+and ``value.astype(float32)`` (rounded once to the result dtype).
+"""
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import cyattn
+from cyattn import _backend
+
+ALL_BITS = np.arange(1 << 16, dtype=np.uint16)
+
+
+def _half_dtypes():
+    dtypes = [np.dtype(np.float16)]
+    try:
+        import ml_dtypes
+    except ImportError:
+        return dtypes
+    return dtypes + [np.dtype(ml_dtypes.bfloat16)]
+
+
+HALF = _half_dtypes()
+FMT = {"float16": 1, "bfloat16": 2}
+
+
+def _bits(a, dtype):
+    return np.asarray(a).view(np.uint16 if dtype.itemsize == 2 else np.uint32)
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_widening_is_exact_for_all_65536_patterns(variant, name):
+    """Every bit pattern widens to the float32 NumPy / ml_dtypes give (NaN: a NaN of the same
+    sign; the portable path also keeps its payload, F16C quiets a signalling one)."""
+    if name == "bfloat16":
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        ref = ALL_BITS.view(ml_dtypes.bfloat16).astype(np.float32)
+    else:
+        ref = ALL_BITS.view(np.float16).astype(np.float32)
+    kernels = _backend.kernels
+    for start, stop in ((0, 1 << 16), (3, 1 << 16), (5, 12), (0, 7)):   # unaligned, tails
+        src = ALL_BITS[start:stop].copy()
+        got = np.full(src.size, 7.0, np.float32)
+        kernels.half_to_float32(src, got, FMT[name])
+        want = ref[start:stop]
+        nan = np.isnan(want)
+        assert np.array_equal(np.isnan(got), nan)
+        assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+        assert np.array_equal(np.signbit(got[nan]), np.signbit(want[nan]))
+    if name == "bfloat16":   # a plain shift: NaN payloads survive too
+        got = np.empty(1 << 16, np.float32)
+        kernels.half_to_float32(ALL_BITS, got, 2)
+        assert np.array_equal(got.view(np.uint32), ALL_BITS.astype(np.uint32) << 16)
+
+
+def test_widening_refuses_bad_buffers():
+    with pytest.raises(ValueError, match="half_to_float32"):
+        _backend.kernels.half_to_float32(ALL_BITS[:4], np.empty(3, np.float32), 1)
+    with pytest.raises(ValueError, match="half_to_float32"):
+        _backend.kernels.half_to_float32(ALL_BITS[:4], np.empty(4, np.float32), 3)
+
+
+def _decode_inputs(rng, dtype, B=2, Hq=4, Hkv=2, L=1, S=1500, E=64, Ev=48):
+    q = rng.standard_normal((B, Hq, L, E)).astype(dtype)
+    k = rng.standard_normal((B, Hkv, S, E)).astype(dtype)
+    v = rng.standard_normal((B, Hkv, S, Ev)).astype(dtype)
+    return q, k, v
+
+
+def _as32(*arrays):
+    return tuple(a.astype(np.float32) for a in arrays)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("L", [1, 3])
+def test_decode_equals_float32_call(variant, dtype, L):
+    rng = np.random.default_rng(L)
+    q, k, v = _decode_inputs(rng, dtype, L=L)
+    mask = rng.random((2, 1, L, k.shape[-2])) < 0.9
+    cases = [
+        dict(),
+        dict(attn_mask=mask, enable_gqa=True),
+        dict(attn_mask=np.where(mask, 0.0, -np.inf).astype(np.float32), enable_gqa=True),
+        dict(is_causal=True, causal_alignment="bottom_right", enable_gqa=True,
+             window=(700, 0), softcap=20.0, sinks=np.array([0.5, 1.0, -1.0, 2.0]),
+             key_lengths=np.array([[1400], [900]]), return_lse=True),
+    ]
+    for kw in cases:
+        kk, vv = (k, v) if kw.get("enable_gqa") else (np.repeat(k, 2, 1), np.repeat(v, 2, 1))
+        got = cyattn.scaled_dot_product_attention(q, kk, vv, **kw)
+        ref = cyattn.scaled_dot_product_attention(*_as32(q, kk, vv), **kw)
+        got, ref = (got, ref) if kw.get("return_lse") else ((got,), (ref,))
+        for g, r in zip(got, ref):
+            assert g.dtype == dtype
+            assert np.array_equal(_bits(g, dtype), _bits(r.astype(dtype), dtype)), kw
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_decode_mixed_and_strided(variant, dtype):
+    """float32 query with half K/V (float32 result), strided K/V views and a strided half
+    out=: the same bits as the float32 call."""
+    rng = np.random.default_rng(5)
+    q, k, v = _decode_inputs(rng, dtype, L=2)
+    q32 = q.astype(np.float32)
+    got = cyattn.scaled_dot_product_attention(q32, k, v, enable_gqa=True)
+    assert got.dtype == np.float32
+    assert np.array_equal(got, cyattn.scaled_dot_product_attention(q32, *_as32(k, v),
+                                                                   enable_gqa=True))
+    kt = np.ascontiguousarray(k.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)   # (B,S,H,E) cache
+    vs = np.concatenate([v, v], axis=-1)[..., ::2]                             # column stride 2
+    held = np.zeros((2, 4, 2, 48), dtype)[..., ::-1]
+    res = cyattn.scaled_dot_product_attention(q, kt, vs, enable_gqa=True, out=held)
+    ref = cyattn.scaled_dot_product_attention(*_as32(q, kt, vs), enable_gqa=True)
+    assert res is held
+    assert np.array_equal(_bits(held, dtype), _bits(ref.astype(dtype), dtype))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_decode_bits_do_not_depend_on_threads(dtype):
+    rng = np.random.default_rng(6)
+    q, k, v = _decode_inputs(rng, dtype, S=5000)
+    one = cyattn.scaled_dot_product_attention(q, k, v, enable_gqa=True, n_threads=1)
+    two = cyattn.scaled_dot_product_attention(q, k, v, enable_gqa=True, n_threads=2)
+    assert np.array_equal(_bits(one, dtype), _bits(two, dtype))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_non_finite_rows_are_redone_like_float32(variant, dtype):
+    """inf/NaN in permitted K/V, and huge values whose weighted sum overflows float32
+    (bfloat16 reaches 3e38), give what the float32 call gives (its two-pass redo)."""
+    rng = np.random.default_rng(7)
+    q, k, v = _decode_inputs(rng, dtype, B=1, Hq=2, Hkv=2, L=2)
+    big = 6e4 if dtype == np.float16 else 3e38       # near each format's largest finite
+    k_inf = k.copy()
+    k_inf[0, 0, 10, 0] = np.inf
+    v_nan = v.copy()
+    v_nan[0, 1, 20, 3] = np.nan
+    v_big = np.full_like(v, big)
+    k_zero = np.zeros_like(k)
+    mask = np.ones((1, 1, 2, k.shape[-2]), bool)
+    mask[..., 20] = False                       # a masked NaN value is never read
+    for kk, vv, kw in ((k_inf, v, {}), (k, v_nan, {}), (k, v_nan, {"attn_mask": mask}),
+                       (k_zero, v_big, {})):
+        got = cyattn.scaled_dot_product_attention(q, kk, vv, return_lse=True, **kw)
+        ref = cyattn.scaled_dot_product_attention(*_as32(q, kk, vv), return_lse=True, **kw)
+        for g, r in zip(got, ref):
+            assert np.array_equal(_bits(g, dtype), _bits(r.astype(dtype), dtype))
+    out = cyattn.scaled_dot_product_attention(q, k_zero, v_big)
+    assert np.all(np.isfinite(out.astype(np.float32)))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_small_calls_and_empty_keys(dtype):
+    """Calls too small for the decode path and S = 0 take the float32 route (same bits)."""
+    rng = np.random.default_rng(8)
+    for S in (0, 1, 9):
+        q, k, v = (rng.standard_normal((1, 2, 2, 8)).astype(dtype),
+                   rng.standard_normal((1, 2, S, 8)).astype(dtype),
+                   rng.standard_normal((1, 2, S, 4)).astype(dtype))
+        got = cyattn.scaled_dot_product_attention(q, k, v, sinks=np.array([0.0, 1.0]))
+        ref = cyattn.scaled_dot_product_attention(*_as32(q, k, v), sinks=np.array([0.0, 1.0]))
+        assert np.array_equal(_bits(got, dtype), _bits(ref.astype(dtype), dtype))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_decode_makes_no_float32_copy_of_the_cache(dtype):
+    """A decode step over a 16 MiB half K/V cache allocates O(output + scratch), not the
+    32 MiB a float32 copy of K and V would take (NumPy reports its buffers to tracemalloc)."""
+    rng = np.random.default_rng(9)
+    q = rng.standard_normal((1, 16, 1, 128)).astype(dtype)
+    k = rng.standard_normal((1, 16, 4096, 128)).astype(dtype)
+    v = rng.standard_normal((1, 16, 4096, 128)).astype(dtype)
+    cyattn.scaled_dot_product_attention(q, k, v)          # warm caches of the first call
+    tracemalloc.start()
+    try:
+        cyattn.scaled_dot_product_attention(q, k, v)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < (1 << 20), peak
