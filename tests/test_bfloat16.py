@@ -91,3 +91,15 @@ def test_import_cyattn_does_not_import_ml_dtypes():
                           env=child_env(), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def test_bfloat16_sinks_and_slopes_are_accepted():
+    """Per-head options given in bfloat16 (as a bfloat16 model holds them, e.g. gpt-oss's
+    sinks) were refused as 'not a real array' once."""
+    rng = np.random.default_rng(3)
+    q, k, v = _data(rng, (1, 2, 3, 8)), _data(rng, (1, 2, 6, 8)), _data(rng, (1, 2, 6, 8))
+    sinks, slopes = np.array([0.5, -1.0], BF16), np.array([0.25, 0.5], BF16)
+    got = cyattn.scaled_dot_product_attention(q, k, v, sinks=sinks, alibi_slopes=slopes)
+    ref = cyattn.scaled_dot_product_attention(q, k, v, sinks=sinks.astype(np.float32),
+                                              alibi_slopes=slopes.astype(np.float32))
+    assert np.array_equal(_bits(got), _bits(ref))
