@@ -175,11 +175,35 @@ def test_zero_copy_in_and_out(dtype, spy):
     np.testing.assert_array_equal(flat.numpy(), got.numpy())
 
 
-def test_bfloat16_is_computed_on_float32_copies(spy):
+def test_bfloat16_is_passed_without_a_copy(spy):
+    """bfloat16 tensors reach the core as ml_dtypes.bfloat16 views of their buffers (issue
+    19/20: no float32 copies), out= included; a decode call's K/V are then read in place."""
+    pytest.importorskip("ml_dtypes")
+    for L in (5, 1):
+        q, k, v = _qkv((1, 2, L, 8), (1, 2, 700, 8), 8, torch.bfloat16, 1)
+        out = torch.empty(1, L, 2, 8, dtype=torch.bfloat16).transpose(1, 2)     # strided
+        r = ct.scaled_dot_product_attention(q, k, v, out=out)
+        assert r is out
+        args, kwargs = spy[-1][0], spy[-1][1]
+        for arr, t in zip(args[:3], (q, k, v)):
+            assert arr.dtype.name == "bfloat16"
+            assert np.shares_memory(arr.view(np.int16), t.view(torch.int16).numpy())
+        assert np.shares_memory(kwargs["out"].view(np.int16), out.view(torch.int16).numpy())
+        want = ct.scaled_dot_product_attention(q.float(), k.float(), v.float())
+        np.testing.assert_array_equal(out.float().numpy(),
+                                      want.to(torch.bfloat16).float().numpy())
+        got = ct.scaled_dot_product_attention(q, k, v)
+        assert got.dtype is torch.bfloat16
+        assert np.shares_memory(got.view(torch.int16).numpy(), spy[-1][2].view(np.int16))
+        np.testing.assert_array_equal(got.float().numpy(), out.float().numpy())
+
+
+def test_bfloat16_without_ml_dtypes_uses_float32_copies(spy, monkeypatch):
+    monkeypatch.setattr(ct, "_BF16", None)
     q, k, v = _qkv((1, 2, 5, 8), (1, 2, 7, 8), 8, torch.bfloat16, 1)
     out = torch.empty(1, 2, 5, 8, dtype=torch.bfloat16)
-    r = ct.scaled_dot_product_attention(q, k, v, out=out)
-    assert r is out
+    r, lse = ct.scaled_dot_product_attention(q, k, v, out=out, return_lse=True)
+    assert r is out and lse.dtype is torch.bfloat16
     args = spy[-1][0]
     assert all(a.dtype == np.float32 for a in args[:3])
     want = ct.scaled_dot_product_attention(q.float(), k.float(), v.float())

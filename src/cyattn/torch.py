@@ -1,9 +1,10 @@
 """cyattn's attention on PyTorch CPU tensors, with ``torch.nn.functional``'s signature.
 
 Needs ``torch`` (``pip install cyattn[torch]``); ``import cyattn`` never imports this module.
-Inputs are viewed as NumPy arrays without a copy (``Tensor.numpy()`` shares the buffer) and
-the result is returned as a tensor on the NumPy result's buffer (``torch.from_numpy``), or
-written into a caller's tensor with ``out=``.
+Inputs are viewed as NumPy arrays without a copy (``Tensor.numpy()`` shares the buffer;
+bfloat16 tensors as ``ml_dtypes.bfloat16`` arrays when ml_dtypes is installed) and the result is
+returned as a tensor on the NumPy result's buffer (``torch.from_numpy``), or written into a
+caller's tensor with ``out=``.
 """
 from __future__ import annotations
 
@@ -21,6 +22,17 @@ _FNAME = "cyattn.torch.scaled_dot_product_attention"
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)
 _DTYPES = _NUMPY_DTYPES + (torch.bfloat16,)
 _CORE_PARAMETERS = frozenset(inspect.signature(_core_sdpa).parameters)
+
+
+def _numpy_bfloat16():
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+_BF16 = _numpy_bfloat16()      # None: bfloat16 tensors go through float32 copies
 
 
 def core_options():
@@ -55,12 +67,22 @@ def _check_tensor(t, name):
 
 
 def _to_numpy(t):
-    """A NumPy view of the CPU tensor ``t`` (bfloat16: a float32 copy; NumPy has none)."""
+    """A NumPy view of the CPU tensor ``t`` (bfloat16: an ``ml_dtypes.bfloat16`` view of its
+    buffer, or without ml_dtypes a float32 copy; NumPy itself has no bfloat16)."""
     if t.dtype is torch.bfloat16:
+        if _BF16 is not None:
+            return t.view(torch.int16).numpy().view(_BF16)
         t = t.float()
     elif t.is_conj() or t.is_neg():
         t = t.resolve_conj().resolve_neg()
     return t.numpy()
+
+
+def _from_numpy(arr):
+    """A tensor sharing ``arr``'s buffer (``ml_dtypes.bfloat16`` arrays as torch.bfloat16)."""
+    if _BF16 is not None and arr.dtype == _BF16:
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
 
 
 def _pack_heads(arr, group):
@@ -119,7 +141,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         query's; query head ``h`` reads key/value head ``h // (Hq // Hkv)``. No copy is made.
     causal_alignment, window, softcap, sinks, alibi_slopes, key_lengths, query_lengths : options
         Keyword-only, passed to :func:`cyattn.scaled_dot_product_attention` (tensors as NumPy
-        arrays; bfloat16 tensors as float32 copies). The options other than ``causal_alignment`` are
+        arrays). The options other than ``causal_alignment`` are
         passed only when given, and raise TypeError when this build's core does not have them
         (see :func:`core_options`).
     return_lse : bool, keyword-only
@@ -155,11 +177,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     -----
     Zero copy: float32 and float64 tensors are read in place and the output is written by the
     kernel straight into a fresh buffer or a C-contiguous ``out`` (a strided ``out`` gets one
-    copy of the result from the kernel's scratch). float16 is read and written like the core
-    does it today: the core computes in float32 from float32 copies and rounds once to
-    float16. **Current limitation**: bfloat16 (which NumPy lacks) is computed on float32
-    copies of the inputs and the float32 result is rounded to bfloat16 once; these copies go
-    away when the core reads bfloat16 itself.
+    copy of the result from the kernel's scratch). float16 and bfloat16 (which NumPy lacks;
+    viewed as ``ml_dtypes.bfloat16`` arrays, so ml_dtypes must be installed for this, else
+    they go through float32 copies) are handed to the core as they are: it computes in
+    float32 and rounds once to the half format. The decode path (at most 4 query rows) reads
+    half-precision keys and values in place; the other paths still compute from float32 copies
+    of the inputs (see :func:`cyattn.scaled_dot_product_attention`).
 
     A fully masked row (no permitted key) gives zeros, as PyTorch 2.13's CPU kernels do.
     ``is_causal`` with ``attn_mask`` composes by AND, as PyTorch 2.13 on CPU computes it
@@ -215,8 +238,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if out.dtype != dtype:
             raise ValueError(f"{_FNAME}: out has dtype {out.dtype}; expected the query's "
                              f"dtype {dtype}")
-        if dtype is not torch.bfloat16:
-            out_np = out.numpy()
+        if dtype is not torch.bfloat16 or _BF16 is not None:
+            out_np = _to_numpy(out)
     q_np, k_np, v_np = _to_numpy(query), _to_numpy(key), _to_numpy(value)
     mask_np = _optional_array(attn_mask, "attn_mask")
     packed = None
@@ -244,17 +267,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         res = res.reshape(packed + res.shape[-1:])
         lse = None if lse is None else lse.reshape(packed)
     if out is not None:
-        if out_np is None:                      # bfloat16: round the float32 result once
+        if out_np is None:          # bfloat16 without ml_dtypes: round the float32 result once
             if tuple(out.shape) != res.shape:
                 raise ValueError(f"{_FNAME}: out has shape {tuple(out.shape)}; expected "
                                  f"{res.shape}")
             out.copy_(torch.from_numpy(res))
         result = out_given
     else:
-        result = torch.from_numpy(res)
-        if dtype is torch.bfloat16:
-            result = result.to(torch.bfloat16)
+        result = _from_numpy(res)
+        if result.dtype is not dtype:           # bfloat16 from a float32 result
+            result = result.to(dtype)
     if not return_lse:
         return result
-    lse = torch.from_numpy(lse)
-    return result, (lse.to(torch.bfloat16) if dtype is torch.bfloat16 else lse)
+    lse = _from_numpy(lse)
+    return result, (lse if lse.dtype is dtype else lse.to(dtype))
