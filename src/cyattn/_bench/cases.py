@@ -17,6 +17,11 @@ from .machine import read_once
 IMPLS = ("cyattn", "numpy", "torch", "ort", "jax")       # ort: ONNX Runtime
 PEERS = ("torch", "ort", "jax")                          # the optional ones
 CHECK_RTOL, CHECK_ATOL = 2e-3, 2e-4      # a peer agrees with cyattn (float32 results)
+# half-precision cases: both results are rounded to 8 (bfloat16) or 11 (float16) significant
+# bits, and PyTorch rounds the weights to the half format before P V where cyattn does not
+CHECK_HALF_RTOL, CHECK_HALF_ATOL = 3e-2, 3e-3
+HALF_DTYPES = ("bfloat16", "float16")      # storage formats of the half cases (issue 19)
+HALF_SDPA_T = (512, 2048)                  # sdpa (1, 8, T, T, 64) in each half format
 KV_READ = "read K+V"         # decode only: NumPy reading K and V once, the bandwidth yardstick
 FULL_GROUPS = ("softmax", "matmul", "sdpa", "decode", "tiny")
 SOFTMAX_L = (128, 512, 2048)                       # x of shape (8, 128, L)
@@ -70,7 +75,9 @@ class Spec:
     process, see :func:`measure_memory`).
 
     ``group``: softmax (shape (8, 128, L), kind "" or "mask"), matmul (shape (n,)), sdpa /
-    decode / tiny (shape (B, H, L, S, E), kind "dense", "causal" or "padding").
+    decode / tiny (shape (B, H, L, S, E), kind "dense", "causal" or "padding"). A kind may end
+    in a half-precision storage format, e.g. "dense bfloat16": the inputs and result of the
+    case are of that dtype (see :attr:`storage`).
     """
 
     __slots__ = ("group", "shape", "kind")
@@ -91,6 +98,16 @@ class Spec:
         return f"Spec({self.group!r}, {self.shape}, {self.kind!r})"
 
     @property
+    def storage(self):
+        """The dtype name of the case's inputs and result: float32, or a half format."""
+        last = self.kind.rsplit(" ", 1)[-1]
+        return last if last in HALF_DTYPES else "float32"
+
+    @property
+    def itemsize(self):
+        return 4 if self.storage == "float32" else 2
+
+    @property
     def attention(self):
         return self.group in ("sdpa", "decode", "tiny")
 
@@ -102,12 +119,14 @@ class Spec:
         if self.group == "matmul":
             return f"matmul n={s[0]}"
         B, H, L, S, E = s
+        half = "" if self.storage == "float32" else f" {self.storage}"
         if self.group == "decode":
-            return f"decode B={B} H={H} L={L} S={S} E={E}"
+            return f"decode B={B} H={H} L={L} S={S} E={E}{half}"
         if self.group == "tiny":
             return f"tiny ({B},{H},{L},{E})"
+        kind = self.kind.split(" ")[0]
         return f"sdpa ({B},{H},{L},{E})" + {"dense": "", "causal": " causal",
-                                           "padding": " padding mask"}[self.kind]
+                                           "padding": " padding mask"}[kind] + half
 
     @property
     def flops(self):
@@ -128,26 +147,36 @@ class Spec:
         if not self.attention:
             return None
         B, H, L, S, E = self.shape
-        return 2 * B * H * S * E * 4
+        return 2 * B * H * S * E * self.itemsize
 
     @property
     def out_bytes(self):
-        """Bytes of the result (float32)."""
+        """Bytes of the result."""
         if self.group == "softmax":
             return math.prod(self.shape) * 4
         if self.group == "matmul":
             return self.shape[0] ** 2 * 4
         B, H, L, S, E = self.shape
-        return B * H * L * E * 4
+        return B * H * L * E * self.itemsize
 
     @property
     def seq_len(self):
         return self.shape[2] if self.attention else None
 
 
+def half_formats():
+    """The half formats this environment can build arrays of (bfloat16 needs ml_dtypes)."""
+    try:
+        import ml_dtypes  # noqa: F401
+    except ImportError:
+        return ("float16",)
+    return HALF_DTYPES
+
+
 def build_specs(groups=FULL_GROUPS, quick=False):
     """The cases of the full harness (``quick``: a subset), in report order."""
     specs = []
+    halves = () if quick else half_formats()
     if "softmax" in groups:
         for L in (QUICK_SELECTION["softmax"] if quick else SOFTMAX_L):
             specs += [Spec("softmax", (8, 128, L)), Spec("softmax", (8, 128, L), "mask")]
@@ -156,8 +185,11 @@ def build_specs(groups=FULL_GROUPS, quick=False):
     if "sdpa" in groups:
         for B, H, T in (QUICK_SELECTION["sdpa"] if quick else SDPA_BHT):
             specs += [Spec("sdpa", (B, H, T, T, HEAD_DIM), kind) for kind in SDPA_KINDS]
+        specs += [Spec("sdpa", (1, 8, T, T, HEAD_DIM), f"dense {h}")
+                  for h in halves for T in HALF_SDPA_T]
     if "decode" in groups:
         specs.append(Spec("decode", DECODE_SHAPE, "dense"))
+        specs += [Spec("decode", DECODE_SHAPE, f"dense {h}") for h in halves]
         if not quick:
             specs.append(Spec("decode", DECODE_SHORT_SHAPE, "dense"))
     if "tiny" in groups:
@@ -341,6 +373,8 @@ def _prepare_attention(spec, impls, rng, torch):
     q = rng.standard_normal((B, H, L, E), dtype=np.float32)
     k = rng.standard_normal((B, H, S, E), dtype=np.float32)
     v = rng.standard_normal((B, H, S, E), dtype=np.float32)
+    if spec.storage != "float32":
+        return _prepare_half_attention(spec, impls, torch, q, k, v)
     scale = 1.0 / math.sqrt(E)
     causal = spec.kind == "causal"
     keep = padding_keep(B, S) if spec.kind == "padding" else None
@@ -382,10 +416,55 @@ def _prepare_attention(spec, impls, rng, torch):
     return make, reference
 
 
+def _half_dtype(name):
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def _prepare_half_attention(spec, impls, torch, q, k, v):
+    """A dense attention case on half-precision inputs: cyattn and PyTorch (NumPy has no
+    bfloat16 and its float16 matmul is not vectorised, ONNX Runtime and JAX are not set up
+    for these cases); decode also times reading the half-size K+V once."""
+    import cyattn
+    dtype = _half_dtype(spec.storage)
+    q, k, v = (t.astype(dtype) for t in (q, k, v))
+    if torch is not None:
+        import torch.nn.functional as F
+        tdtype = getattr(torch, spec.storage)
+        qt, kt, vt = (torch.from_numpy(t.view(np.int16)).view(tdtype) for t in (q, k, v))
+
+    def own(n_threads, as_float32):
+        def cy():
+            out = cyattn.scaled_dot_product_attention(q, k, v, n_threads=n_threads)
+            return out.astype(np.float32) if as_float32 else out
+        d = {"cyattn": cy}
+        if torch is not None:
+            def tc():
+                out = F.scaled_dot_product_attention(qt, kt, vt)
+                return out.float().numpy() if as_float32 else out
+            d["torch"] = tc
+        return d
+
+    def make(n_threads):
+        d = own(n_threads, False)
+        if spec.group == "decode" and KV_READ in impls:
+            d[KV_READ] = read_once([k, v], n_threads or 1)
+        return _keep(d, impls)
+
+    def reference():
+        return _keep(own(None, True), impls)
+    reference.tolerance = (CHECK_HALF_RTOL, CHECK_HALF_ATOL)
+    return make, reference
+
+
 def check_case(reference, details=None):
     """Run each reference call once: (names whose result differs from cyattn's, dict name ->
     error message for those that raised). ``details``, a dict, receives name -> what differs
-    for each differing result (shape, or the largest difference and the tolerances)."""
+    for each differing result (shape, or the largest difference and the tolerances).
+    ``reference.tolerance`` (rtol, atol), when set, replaces the float32 tolerances."""
+    rtol, atol = getattr(reference, "tolerance", (CHECK_RTOL, CHECK_ATOL))
     results, errors = {}, {}
     for name, fn in reference().items():
         try:
@@ -399,14 +478,14 @@ def check_case(reference, details=None):
             continue
         if r.shape != ref.shape:
             why = f"result of shape {r.shape}, cyattn's is {ref.shape}"
-        elif not np.allclose(r, ref, rtol=CHECK_RTOL, atol=CHECK_ATOL):
+        elif not np.allclose(r, ref, rtol=rtol, atol=atol):
             with np.errstate(invalid="ignore"):
                 d = np.abs(r.astype(np.float64) - ref)
             d = d[~np.isnan(d)]
             diff = float(d.max()) if d.size else float("nan")
             nans = int(np.isnan(r).sum()) - int(np.isnan(ref).sum())
-            why = (f"max |difference from cyattn| {diff:.3g} (rtol {CHECK_RTOL:g}, atol "
-                   f"{CHECK_ATOL:g})" + (f", {nans} more NaN" if nans else ""))
+            why = (f"max |difference from cyattn| {diff:.3g} (rtol {rtol:g}, atol "
+                   f"{atol:g})" + (f", {nans} more NaN" if nans else ""))
         else:
             continue
         differs.append(name)
