@@ -1,10 +1,11 @@
-"""Half-precision K/V read by the kernels themselves (issue 19): the 16-bit -> float32 widening
-of every variant, and decode calls whose float16 / bfloat16 keys and values are streamed as
-they are stored (no float32 copy of K or V).
+"""Half-precision inputs read by the kernels themselves (issue 19): the 16-bit -> float32
+widening of every variant; decode calls whose float16 / bfloat16 keys and values are streamed
+as they are stored; fused (prefill) calls that widen each query group and key/value block as
+they pack it. No float32 copy of Q, K or V is made.
 
-The widening is exact, so a decode call on half K/V does the float32 call's arithmetic on the
-same values: its result must equal, bit for bit, the float32 call on ``key.astype(float32)``
-and ``value.astype(float32)`` (rounded once to the result dtype).
+The widening is exact, so a half call does the float32 call's arithmetic on the same values:
+its result must equal, bit for bit, the float32 call on the inputs converted to float32
+(rounded once to the result dtype).
 """
 import tracemalloc
 
@@ -184,3 +185,77 @@ def test_decode_makes_no_float32_copy_of_the_cache(dtype):
     finally:
         tracemalloc.stop()
     assert peak < (1 << 20), peak
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_prefill_equals_float32_call(variant, dtype):
+    """The fused path (more than 4 query rows) on half Q/K/V, strided views, mixed formats,
+    masks and variants: the float32 call's bits."""
+    rng = np.random.default_rng(10)
+    q, k, v = _decode_inputs(rng, dtype, L=300, S=700)
+    mask = rng.random((2, 1, 300, 700)) < 0.9
+    kt = np.ascontiguousarray(k.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    qs = np.concatenate([q, q], axis=-1)[..., ::2]                     # column stride 2
+    cases = [
+        (q, k, v, dict(enable_gqa=True)),
+        (qs, kt, v, dict(attn_mask=mask, enable_gqa=True, is_causal=True)),
+        (q, k, v, dict(attn_mask=np.where(mask, 0, -np.inf).astype(np.float32),
+                       enable_gqa=True, return_lse=True)),
+        (q, k, v, dict(enable_gqa=True, window=(100, 20), softcap=15.0,
+                       sinks=np.array([0.5, 1.0, -1.0, 2.0]), alibi_slopes=np.full(4, 0.01),
+                       key_lengths=np.array([[650], [300]]),
+                       query_lengths=np.array([[290], [120]]), return_lse=True)),
+        (q.astype(np.float32), k, v, dict(enable_gqa=True)),            # half K/V only
+        (q, k.astype(np.float32), v.astype(np.float32), dict(enable_gqa=True)),  # half Q only
+    ]
+    for qq, kk, vv, kw in cases:
+        got = cyattn.scaled_dot_product_attention(qq, kk, vv, **kw)
+        ref = cyattn.scaled_dot_product_attention(*_as32(qq, kk, vv), **kw)
+        got, ref = (got, ref) if kw.get("return_lse") else ((got,), (ref,))
+        for g, r in zip(got, ref):
+            want = r.astype(g.dtype)
+            assert np.array_equal(_bits(g, g.dtype), _bits(want, g.dtype)), kw
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_prefill_non_finite_rows_like_float32(variant, dtype):
+    rng = np.random.default_rng(11)
+    q, k, v = _decode_inputs(rng, dtype, B=1, Hq=2, Hkv=2, L=40, S=300)
+    v_nan = v.copy()
+    v_nan[0, 0, 7, 1] = np.nan
+    k_inf = k.copy()
+    k_inf[0, 1, 3, 0] = -np.inf
+    mask = np.ones((40, 300), bool)
+    mask[:, 7] = False
+    for kk, vv, kw in ((k, v_nan, {}), (k, v_nan, {"attn_mask": mask}), (k_inf, v, {}),
+                       (k, v_nan, {"is_causal": True})):
+        got = cyattn.scaled_dot_product_attention(q, kk, vv, return_lse=True, **kw)
+        ref = cyattn.scaled_dot_product_attention(*_as32(q, kk, vv), return_lse=True, **kw)
+        for g, r in zip(got, ref):
+            assert np.array_equal(_bits(g, dtype), _bits(r.astype(dtype), dtype)), kw
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_prefill_bits_do_not_depend_on_threads(dtype):
+    rng = np.random.default_rng(12)
+    q, k, v = _decode_inputs(rng, dtype, L=500, S=500)
+    one = cyattn.scaled_dot_product_attention(q, k, v, enable_gqa=True, n_threads=1)
+    two = cyattn.scaled_dot_product_attention(q, k, v, enable_gqa=True, n_threads=2)
+    assert np.array_equal(_bits(one, dtype), _bits(two, dtype))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_prefill_peak_memory(dtype):
+    """Issue 19's case, SDPA (1, 1, 8192, 64): NumPy allocates the float32 result the kernel
+    writes and the rounded half result (3 MiB), no float32 copy of Q, K or V (2 MiB each)."""
+    rng = np.random.default_rng(13)
+    q, k, v = (rng.standard_normal((1, 1, 8192, 64)).astype(dtype) for _ in range(3))
+    cyattn.scaled_dot_product_attention(q, k, v)
+    tracemalloc.start()
+    try:
+        out = cyattn.scaled_dot_product_attention(q, k, v)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert out.dtype == dtype
+    assert peak < 3 * out.nbytes + (1 << 19), peak

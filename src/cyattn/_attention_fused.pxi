@@ -238,9 +238,22 @@ cdef bint bool_block_empty(const uint8_t* bmask, Py_ssize_t m_rs, Py_ssize_t m_c
     return True
 
 
-cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
-                               const floating* k, Py_ssize_t k_rs, Py_ssize_t k_cs,
-                               const floating* v, Py_ssize_t v_rs, Py_ssize_t v_cs,
+cdef void widen_block(const uint16_t* src, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t rs,
+                      Py_ssize_t cs, int fmt, float* dst) noexcept nogil:
+    """dst (rows x cols, row-major) = the 16-bit elements src[i * rs + j * cs] widened to
+    float32 (fmt: CYATTN_HALF_F16 or CYATTN_HALF_BF16)."""
+    cdef Py_ssize_t i, j
+    for i in range(rows):
+        if cs == 1:
+            cyattn_half_to_float(src + i * rs, dst + i * cols, cols, fmt)
+        else:
+            for j in range(cols):
+                cyattn_half_to_float(src + i * rs + j * cs, dst + i * cols + j, 1, fmt)
+
+
+cdef void fused_attention_task(const void* q, Py_ssize_t q_rs, Py_ssize_t q_cs, int q_fmt,
+                               const void* k, Py_ssize_t k_rs, Py_ssize_t k_cs,
+                               const void* v, Py_ssize_t v_rs, Py_ssize_t v_cs, int kv_fmt,
                                const uint8_t* bmask, const floating* amask,
                                Py_ssize_t m_rs, Py_ssize_t m_cs,
                                floating* out, floating* lse,
@@ -250,7 +263,7 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
                                floating* qt_packed, floating* k_packed, floating* vt_packed,
                                floating* tile, floating* ot, Py_ssize_t ld_o,
                                floating* row_m, floating* row_l, floating* factor,
-                               bint want_lse) noexcept nogil:
+                               bint want_lse, float* stage) noexcept nogil:
     """Rows i0 .. i0+rows of one (batch, head) by the online softmax over key blocks of KB.
 
     Transposed formulation: per key block, S^T = K Q^T is computed straight into ``tile`` in
@@ -265,6 +278,10 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
     least 1 and at most S + 1), which is all that redo_nonfinite_rows reads, and it saves a log
     per row (2-3 % of a call with L = S = 128). Rows at or past the query length are not
     computed: output 0, lse -inf.
+
+    q (q_fmt != 0) and k, v (kv_fmt != 0) may hold 16-bit elements (float32 compute only):
+    each block is then widened into ``stage`` (row-major) and packed from there, so the packed
+    operands, and the results, are those of the float32 call on the widened values.
     """
     cdef Py_ssize_t mr = MR if floating is float else MRD
     cdef Py_ssize_t nr = NR if floating is float else NRD
@@ -276,6 +293,8 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
     cdef floating* o_row
     cdef floating* panel
     cdef floating* ot_col
+    cdef const floating* v_blk                  # the block's values: V itself, or widened
+    cdef Py_ssize_t vb_rs, vb_cs
     live = 0 if live < 0 else live
     for r in range(live, rows):                 # past the query length: output 0, lse -inf
         for e in range(Ev):
@@ -291,8 +310,12 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
     memset(ot, 0, <size_t>(ld_o * (Ev if Ev > 0 else 1)) * sizeof(floating))
     kv_beg = row_lo(lim, i0)                    # the first key the first row may see
     kv_end = row_hi(lim, i0 + rows - 1)         # one past the last key any row here may see
-    if kv_end > kv_beg:
-        pack_b(E, rows, q + i0 * q_rs, q_cs, q_rs, qt_packed, nr)      # Q^T: E x rows
+    if kv_end > kv_beg:                         # Q^T: E x rows
+        if floating is float and q_fmt != 0:
+            widen_block(<const uint16_t*>q + i0 * q_rs, rows, E, q_rs, q_cs, q_fmt, stage)
+            pack_b(E, rows, stage, 1, E, qt_packed, nr)
+        else:
+            pack_b(E, rows, <const floating*>q + i0 * q_rs, q_cs, q_rs, qt_packed, nr)
     j0 = (kv_beg // KB) * KB                    # blocks start at multiples of KB
     while j0 < kv_end:
         kb = kv_end - j0 if kv_end - j0 < KB else KB
@@ -311,10 +334,18 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
                 i0 + jp1 * nr if i0 + jp1 * nr < i0 + rows else i0 + rows, j0, kb)):
             j0 += KB
             continue
-        pack_a(kb, E, k + j0 * k_rs, k_rs, k_cs, k_packed, mr)         # K block: kb x E
+        if floating is float and kv_fmt != 0:  # K block: kb x E
+            widen_block(<const uint16_t*>k + j0 * k_rs, kb, E, k_rs, k_cs, kv_fmt, stage)
+            pack_a(kb, E, stage, E, 1, k_packed, mr)
+        else:
+            pack_a(kb, E, <const floating*>k + j0 * k_rs, k_rs, k_cs, k_packed, mr)
         v_bad = False
+        v_blk, vb_rs, vb_cs = <const floating*>v + j0 * v_rs, v_rs, v_cs
+        if floating is float and kv_fmt != 0 and Ev > 0:
+            widen_block(<const uint16_t*>v + j0 * v_rs, kb, Ev, v_rs, v_cs, kv_fmt, stage)
+            v_blk, vb_rs, vb_cs = stage, Ev, 1
         if Ev > 0:
-            pack_a(Ev, kb, v + j0 * v_rs, v_cs, v_rs, vt_packed, mr)   # V^T: Ev x kb
+            pack_a(Ev, kb, v_blk, vb_cs, vb_rs, vt_packed, mr)        # V^T: Ev x kb
             v_bad = has_nonfinite(vt_packed, 1, round_up(Ev, mr) * kb, 0, 1)
         for jp in range(jp0, jp1):
             lanes = rows - jp * nr if rows - jp * nr < nr else nr
@@ -375,10 +406,10 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
                             if w != 0:
                                 if floating is float:
                                     acc = CYATTN_MULADD_F32(
-                                        w, v[(j0 + ks + pc) * v_rs + e * v_cs], acc)
+                                        w, v_blk[(ks + pc) * vb_rs + e * vb_cs], acc)
                                 else:
                                     acc = CYATTN_MULADD_F64(
-                                        w, v[(j0 + ks + pc) * v_rs + e * v_cs], acc)
+                                        w, v_blk[(ks + pc) * vb_rs + e * vb_cs], acc)
                         ot_col[r] = ot_col[r] + acc
                 continue
             # O^T += V^T (Ev x n_keys) @ P^T (n_keys x nr); a key past kq has weight 0 in
@@ -418,17 +449,18 @@ cdef void fused_attention_task(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_
             lse[r] = m2 + l2
 
 
-cdef int attention_worker(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
-                          Py_ssize_t q_cs,
-                          const floating* k, const int64_t* k_off, Py_ssize_t k_rs, Py_ssize_t k_cs,
-                          const floating* v, const int64_t* v_off, Py_ssize_t v_rs, Py_ssize_t v_cs,
+cdef int attention_worker(const void* q, const int64_t* q_off, Py_ssize_t q_rs,
+                          Py_ssize_t q_cs, int q_fmt,
+                          const void* k, const int64_t* k_off, Py_ssize_t k_rs, Py_ssize_t k_cs,
+                          const void* v, const int64_t* v_off, Py_ssize_t v_rs, Py_ssize_t v_cs,
+                          int kv_fmt,
                           const uint8_t* bmask, const floating* amask, const int64_t* m_off,
                           Py_ssize_t m_rs, Py_ssize_t m_cs,
                           floating* out, floating* lse,
                           Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E,
                           Py_ssize_t Ev, floating scale, const AttnVariant* var,
                           Py_ssize_t qg, bint want_lse, Py_ssize_t first,
-                          Py_ssize_t step) noexcept nogil:
+                          Py_ssize_t step, int* half_redo) noexcept nogil:
     """Fused attention tasks first, first + step, ... with this worker's own scratch;
     1 if it cannot be allocated. See fused_attention."""
     cdef Py_ssize_t groups = (L + qg - 1) // qg
@@ -449,8 +481,21 @@ cdef int attention_worker(const floating* q, const int64_t* q_off, Py_ssize_t q_
     cdef Py_ssize_t ld_o = qlanes + 64 // sizeof(floating)
     cdef size_t bytes_o = <size_t>(ld_o * ev1) * sizeof(floating)
     cdef size_t bytes_rows = <size_t>(3 * qlanes) * sizeof(floating)
-    cdef void* raw = malloc(bytes_q + bytes_k + bytes_v + bytes_tile + bytes_o + bytes_rows
-                            + 7 * ALIGN)
+    # 16-bit inputs: one block (the query group, a key block or a value block) widened
+    cdef Py_ssize_t n_stage = qlanes * e1
+    cdef size_t bytes_stage = 0
+    cdef Py_ssize_t esz = <Py_ssize_t>sizeof(floating)
+    cdef Py_ssize_t q_esz = 2 if q_fmt != 0 else esz
+    cdef Py_ssize_t kv_esz = 2 if kv_fmt != 0 else esz
+    cdef float* stage = NULL
+    cdef Py_ssize_t r
+    cdef void* raw
+    if q_fmt != 0 or kv_fmt != 0:
+        n_stage = n_stage if n_stage > KB * e1 else KB * e1
+        n_stage = n_stage if n_stage > KB * ev1 else KB * ev1
+        bytes_stage = <size_t>n_stage * sizeof(float)
+    raw = malloc(bytes_q + bytes_k + bytes_v + bytes_tile + bytes_o + bytes_rows + bytes_stage
+                 + 8 * ALIGN)
     cdef floating* qt_packed
     cdef floating* k_packed
     cdef floating* vt_packed
@@ -465,6 +510,8 @@ cdef int attention_worker(const floating* q, const int64_t* q_off, Py_ssize_t q_
     tile = <floating*>align_ptr(<char*>vt_packed + bytes_v)
     ot = <floating*>align_ptr(<char*>tile + bytes_tile)
     row_m = <floating*>align_ptr(<char*>ot + bytes_o)
+    if bytes_stage:
+        stage = <float*>align_ptr(<char*>row_m + bytes_rows)
     t = first
     while t < ntasks:
         bi = t % batch
@@ -472,16 +519,23 @@ cdef int attention_worker(const floating* q, const int64_t* q_off, Py_ssize_t q_
         rows = L - i0 if L - i0 < qg else qg
         mo = m_off[bi] if m_off != NULL else 0
         row_limits(var, bi, L, S, &lim)
-        fused_attention_task(q + q_off[bi], q_rs, q_cs, k + k_off[bi], k_rs, k_cs,
-                             v + v_off[bi], v_rs, v_cs,
+        fused_attention_task(<const char*>q + q_off[bi] * q_esz, q_rs, q_cs, q_fmt,
+                             <const char*>k + k_off[bi] * kv_esz, k_rs, k_cs,
+                             <const char*>v + v_off[bi] * kv_esz, v_rs, v_cs, kv_fmt,
                              bmask + mo if bmask != NULL else NULL,
                              amask + mo if amask != NULL else NULL, m_rs, m_cs,
                              out + (bi * L + i0) * Ev, lse + bi * L + i0,
                              i0, rows, S, E, Ev, scale, &lim,
                              qt_packed, k_packed, vt_packed, tile, ot, ld_o,
-                             row_m, row_m + qlanes, row_m + 2 * qlanes, want_lse)
-        if redo_nonfinite_rows(q + q_off[bi], q_rs, q_cs, k + k_off[bi], k_rs, k_cs,
-                               v + v_off[bi], v_rs, v_cs,
+                             row_m, row_m + qlanes, row_m + 2 * qlanes, want_lse, stage)
+        if stage != NULL:
+            # 16-bit inputs: a non-finite row is redone by the caller on float32 inputs
+            for r in range(rows):
+                if row_nonfinite(out + (bi * L + i0 + r) * Ev, lse[bi * L + i0 + r], Ev):
+                    half_redo[0] = 1
+        elif redo_nonfinite_rows(<const floating*>q + q_off[bi], q_rs, q_cs,
+                               <const floating*>k + k_off[bi], k_rs, k_cs,
+                               <const floating*>v + v_off[bi], v_rs, v_cs,
                                bmask + mo if bmask != NULL else NULL,
                                amask + mo if amask != NULL else NULL, m_rs, m_cs,
                                out + (bi * L + i0) * Ev, lse + bi * L + i0,
@@ -493,15 +547,18 @@ cdef int attention_worker(const floating* q, const int64_t* q_off, Py_ssize_t q_
     return 0
 
 
-cdef void fused_attention(const floating* q, const int64_t* q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
-                         const floating* k, const int64_t* k_off, Py_ssize_t k_rs, Py_ssize_t k_cs,
-                         const floating* v, const int64_t* v_off, Py_ssize_t v_rs, Py_ssize_t v_cs,
+cdef void fused_attention(const void* q, const int64_t* q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
+                         int q_fmt,
+                         const void* k, const int64_t* k_off, Py_ssize_t k_rs, Py_ssize_t k_cs,
+                         const void* v, const int64_t* v_off, Py_ssize_t v_rs, Py_ssize_t v_cs,
+                         int kv_fmt,
                          const uint8_t* bmask, const floating* amask, const int64_t* m_off,
                          Py_ssize_t m_rs, Py_ssize_t m_cs,
                          floating* out, floating* lse,
                          Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E, Py_ssize_t Ev,
                          floating scale, const AttnVariant* var, Py_ssize_t qg,
-                         bint want_lse, int n_threads, int* status) noexcept nogil:
+                         bint want_lse, int n_threads, int* status,
+                         int* half_redo) noexcept nogil:
     """Tasks (query group of qg rows, batch entry) in parallel, dealt out round-robin.
 
     Task t covers batch entry t % batch and query group t // batch, so that consecutive tasks,
@@ -509,19 +566,21 @@ cdef void fused_attention(const floating* q, const int64_t* q_off, Py_ssize_t q_
     and expensive late ones spread over the threads. Scratch per thread is O(tile): packed Q^T
     (E x qg), one key block of K (KB x E) and V^T (Ev x KB), the score tile (KB x qg) and the
     output accumulator O^T (Ev x qg), allocated once per call. Rows whose result is not finite
-    are redone by two_pass_rows (see there). One thread runs without an OpenMP region.
+    are redone by two_pass_rows (see there), except with 16-bit inputs (q_fmt, kv_fmt != 0:
+    see fused_attention_task), where half_redo is set to 1 instead and the caller redoes the
+    call on float32 inputs. One thread runs without an OpenMP region.
     """
     cdef Py_ssize_t w
     if batch <= 0 or L <= 0:
         return
     if n_threads <= 1:
-        if attention_worker(q, q_off, q_rs, q_cs, k, k_off, k_rs, k_cs, v, v_off, v_rs, v_cs,
-                            bmask, amask, m_off, m_rs, m_cs, out, lse, batch, L, S, E, Ev,
-                            scale, var, qg, want_lse, 0, 1):
+        if attention_worker(q, q_off, q_rs, q_cs, q_fmt, k, k_off, k_rs, k_cs, v, v_off, v_rs,
+                            v_cs, kv_fmt, bmask, amask, m_off, m_rs, m_cs, out, lse, batch, L,
+                            S, E, Ev, scale, var, qg, want_lse, 0, 1, half_redo):
             status[0] = 1
         return
     for w in prange(n_threads, num_threads=n_threads, schedule='static', chunksize=1):
-        if attention_worker(q, q_off, q_rs, q_cs, k, k_off, k_rs, k_cs, v, v_off, v_rs, v_cs,
-                            bmask, amask, m_off, m_rs, m_cs, out, lse, batch, L, S, E, Ev,
-                            scale, var, qg, want_lse, w, n_threads):
+        if attention_worker(q, q_off, q_rs, q_cs, q_fmt, k, k_off, k_rs, k_cs, v, v_off, v_rs,
+                            v_cs, kv_fmt, bmask, amask, m_off, m_rs, m_cs, out, lse, batch, L,
+                            S, E, Ev, scale, var, qg, want_lse, w, n_threads, half_redo):
             status[0] = 1

@@ -181,7 +181,7 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
                        Py_ssize_t m_rs, Py_ssize_t m_cs,
                        char* op, char* lp, Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S,
                        Py_ssize_t E, Py_ssize_t Ev, double scale, const AttnVariant* var,
-                       bint want_lse, int n_threads, int kv_fmt=0,
+                       bint want_lse, int n_threads, int q_fmt=0, int kv_fmt=0,
                        int* half_redo=NULL) noexcept nogil:
     """Pick the attention path and run it; 0, or 1 if scratch could not be allocated.
     Without ``want_lse`` the fused path leaves lse holding values that are inf or NaN where
@@ -191,12 +191,15 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
     parallel over key chunks; everything else the fused path. The choice depends only on
     the shapes and strides, never on the thread count, and neither does any result.
 
-    kv_fmt != 0 (CYATTN_HALF_F16/BF16; float32 compute): k and v hold 16-bit elements, which
-    only the decode path reads: half_redo is set to 1 if the call does not take it (nothing is
-    computed) or if a row's result is not finite (see decode_finish); the caller then redoes
-    the call on float32 K/V, so a half call gives the float32 call's bits.
+    q_fmt, kv_fmt != 0 (CYATTN_HALF_F16/BF16; float32 compute only): q, and k and v, hold
+    16-bit elements, widened by the kernels as they read them (the decode path reads 16-bit
+    k and v, not q). half_redo is set to 1 if the call cannot be done so (a 16-bit q on the
+    decode path, or float64 compute: nothing is computed) or a row's result is not finite;
+    the caller then redoes the call on float32 inputs, so a half call gives the float32
+    call's bits.
     """
     cdef int status = 0
+    cdef int redo_local = 0
     # wide groups only for heads up to 128 + 128: their packed Q^T and O^T (qg x (E + Ev))
     # then stay within 1 MiB of L2, and scratch stays O(input) for wider heads
     cdef Py_ssize_t qg = (QG_DENSE if not (var.causal or var.has_left or var.has_right)
@@ -204,7 +207,9 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
     cdef Py_ssize_t tasks = batch * ((L + qg - 1) // qg)
     cdef bint decode = (0 < L <= DECODE_MAX_L and batch * S * (E + Ev) >= L * DECODE_MIN_WORK
                         and q_cs == 1 and k_cs == 1 and v_cs == 1)
-    if kv_fmt != 0 and (dbl or not decode):
+    if half_redo == NULL:
+        half_redo = &redo_local
+    if (q_fmt != 0 or kv_fmt != 0) and (dbl or (decode and q_fmt != 0)):
         half_redo[0] = 1
         return 0
     if decode:
@@ -218,37 +223,32 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
         n_threads = <int>(tasks if tasks > 0 else 1)
     if decode:
         if dbl:
-            decode_attention(<const double*>qp, q_off, q_rs, kp, k_off, k_rs,
-                             vp, v_off, v_rs, 0,
-                                  <const uint8_t*>mp if mask_kind == 1 else NULL,
-                                  <const double*>mp if mask_kind == 2 else NULL,
-                                  mo, m_rs, m_cs, <double*>op, <double*>lp,
-                                  batch, L, S, E, Ev, scale, var,
-                                  n_threads, &status, half_redo)
+            decode_attention(<const double*>qp, q_off, q_rs, kp, k_off, k_rs, vp, v_off, v_rs, 0,
+                             <const uint8_t*>mp if mask_kind == 1 else NULL,
+                             <const double*>mp if mask_kind == 2 else NULL,
+                             mo, m_rs, m_cs, <double*>op, <double*>lp,
+                             batch, L, S, E, Ev, scale, var, n_threads, &status, half_redo)
         else:
-            decode_attention(<const float*>qp, q_off, q_rs, kp, k_off, k_rs,
-                             vp, v_off, v_rs, kv_fmt,
-                                  <const uint8_t*>mp if mask_kind == 1 else NULL,
-                                  <const float*>mp if mask_kind == 2 else NULL,
-                                  mo, m_rs, m_cs, <float*>op, <float*>lp,
-                                  batch, L, S, E, Ev, <float>scale, var,
-                                  n_threads, &status, half_redo)
+            decode_attention(<const float*>qp, q_off, q_rs, kp, k_off, k_rs, vp, v_off, v_rs,
+                             kv_fmt, <const uint8_t*>mp if mask_kind == 1 else NULL,
+                             <const float*>mp if mask_kind == 2 else NULL,
+                             mo, m_rs, m_cs, <float*>op, <float*>lp,
+                             batch, L, S, E, Ev, <float>scale, var, n_threads, &status,
+                             half_redo)
     elif dbl:
-        fused_attention(<const double*>qp, q_off, q_rs, q_cs, <const double*>kp, k_off, k_rs, k_cs,
-                       <const double*>vp, v_off, v_rs, v_cs,
-                       <const uint8_t*>mp if mask_kind == 1 else NULL,
-                       <const double*>mp if mask_kind == 2 else NULL,
-                       mo, m_rs, m_cs, <double*>op, <double*>lp,
-                       batch, L, S, E, Ev, scale, var, qg, want_lse, n_threads,
-                       &status)
+        fused_attention(qp, q_off, q_rs, q_cs, 0, kp, k_off, k_rs, k_cs, vp, v_off, v_rs, v_cs, 0,
+                        <const uint8_t*>mp if mask_kind == 1 else NULL,
+                        <const double*>mp if mask_kind == 2 else NULL,
+                        mo, m_rs, m_cs, <double*>op, <double*>lp,
+                        batch, L, S, E, Ev, scale, var, qg, want_lse, n_threads,
+                        &status, half_redo)
     else:
-        fused_attention(<const float*>qp, q_off, q_rs, q_cs, <const float*>kp, k_off, k_rs, k_cs,
-                       <const float*>vp, v_off, v_rs, v_cs,
-                       <const uint8_t*>mp if mask_kind == 1 else NULL,
-                       <const float*>mp if mask_kind == 2 else NULL,
-                       mo, m_rs, m_cs, <float*>op, <float*>lp,
-                       batch, L, S, E, Ev, <float>scale, var, qg, want_lse,
-                       n_threads, &status)
+        fused_attention(qp, q_off, q_rs, q_cs, q_fmt, kp, k_off, k_rs, k_cs, vp, v_off, v_rs,
+                        v_cs, kv_fmt, <const uint8_t*>mp if mask_kind == 1 else NULL,
+                        <const float*>mp if mask_kind == 2 else NULL,
+                        mo, m_rs, m_cs, <float*>op, <float*>lp,
+                        batch, L, S, E, Ev, <float>scale, var, qg, want_lse,
+                        n_threads, &status, half_redo)
     return status
 
 
@@ -371,7 +371,8 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
               double scale, bint causal, bint bottom_right, bint want_lse, int n_threads,
               Py_ssize_t window_left=-1, Py_ssize_t window_right=-1, double softcap=0.0,
               const int64_t[::1] key_len=None, const int64_t[::1] query_len=None,
-              const double[::1] slopes=None, const double[::1] sinks=None, int kv_fmt=0):
+              const double[::1] slopes=None, const double[::1] sinks=None, int q_fmt=0,
+              int kv_fmt=0):
     """Scaled dot-product attention for `batch = len(q_off)` independent (L, S) problems.
 
     q, k, v, mask are addressed by element offsets per batch entry and element strides.
@@ -381,10 +382,10 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
     Variants (_attention_variants.pxi): window sides (-1 = unbounded, else 0 .. S + L),
     softcap (0 = none), and per batch entry (length ``batch`` each, or None): key and query
     lengths, ALiBi slopes and sink logits (values already rounded to the data dtype).
-    kv_fmt: 0, or 1 (float16) / 2 (bfloat16) for k and v holding those 16-bit elements (as
-    uint16 buffers; float32 q, out and lse), read only by the decode path. Returns True if the
-    caller must redo such a call on float32 K/V (it is not a decode call: nothing was
-    computed; or a row's result is not finite), else False.
+    q_fmt, kv_fmt: 0, or 1 (float16) / 2 (bfloat16) for q, and k and v, holding those 16-bit
+    elements (as uint16 buffers; float32 compute: float32 out and lse). Returns True if the
+    caller must redo such a call on float32 inputs (see attention_run: then nothing, or rows
+    that are not finite, was computed), else False.
     """
     cdef Py_buffer qv, kv, vv, mv, ov, lv
     cdef char* mp = NULL
@@ -417,17 +418,20 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
                     try:
                         lp = _buf(lse, &lv, True)
                         try:
-                            if kv_fmt != 0 and (kv.itemsize != 2 or vv.itemsize != 2
-                                                or qv.itemsize != 4 or ov.itemsize != 4):
-                                raise ValueError("cyattn kernels: kv_fmt needs 16-bit k and v "
-                                                 "and float32 q and out")
+                            if ((kv_fmt != 0 and (kv.itemsize != 2 or vv.itemsize != 2))
+                                    or (kv_fmt == 0 and kv.itemsize != ov.itemsize)
+                                    or qv.itemsize != (2 if q_fmt != 0 else ov.itemsize)
+                                    or ((q_fmt != 0 or kv_fmt != 0) and ov.itemsize != 4)):
+                                raise ValueError("cyattn kernels: q_fmt/kv_fmt need 16-bit "
+                                                 "inputs there and float32 out, others of "
+                                                 "out's dtype")
                             with nogil:
                                 status = attention_run(
                                     qv.itemsize == 8, qp, &q_off[0], q_rs, q_cs,
                                     kp, &k_off[0], k_rs, k_cs, vp, &v_off[0], v_rs, v_cs,
                                     mp, mask_kind, mo, m_rs, m_cs, op, lp, q_off.shape[0],
-                                    L, S, E, Ev, scale, &var, want_lse, n_threads, kv_fmt,
-                                    &half_redo)
+                                    L, S, E, Ev, scale, &var, want_lse, n_threads, q_fmt,
+                                    kv_fmt, &half_redo)
                         finally:
                             PyBuffer_Release(&lv)
                     finally:

@@ -35,5 +35,5 @@ def attention(
     key_len: npt.NDArray[np.int64] | None = None,
     query_len: npt.NDArray[np.int64] | None = None,
     slopes: npt.NDArray[np.float64] | None = None,
-    sinks: npt.NDArray[np.float64] | None = None, kv_fmt: int = 0,
+    sinks: npt.NDArray[np.float64] | None = None, q_fmt: int = 0, kv_fmt: int = 0,
 ) -> bool: ...

@@ -64,19 +64,16 @@ def float_dtypes(*arrays):
 
 # The kernels' codes for 16-bit storage formats (_cyattn_support.h: CYATTN_HALF_*)
 HALF_F16, HALF_BF16 = 1, 2
-_DECODE_MAX_L = 4        # the kernels' DECODE_MAX_L
 
 
-def half_kv_format(key, value, compute, L):
-    """The kernels' code for reading ``key`` and ``value`` as 16-bit elements (HALF_F16 or
-    HALF_BF16: both float16 or both bfloat16, float32 compute, 1 <= L <= 4: a call that may
-    take the decode path, the only one that reads them; the kernel says when it does not), else
-    0 (they are converted to the compute dtype)."""
-    if compute != np.float32 or not 0 < L <= _DECODE_MAX_L or key.dtype != value.dtype:
+def half_format(arr, compute):
+    """The kernels' code for reading ``arr`` as 16-bit elements (HALF_F16 for float16,
+    HALF_BF16 for bfloat16) when the compute dtype is float32, else 0 (it is converted)."""
+    if compute != np.float32:
         return 0
-    if key.dtype == np.float16:
+    if arr.dtype == np.float16:
         return HALF_F16
-    return HALF_BF16 if is_bfloat16(key.dtype) else 0
+    return HALF_BF16 if is_bfloat16(arr.dtype) else 0
 
 
 def kernel_ready(arr, dtype):

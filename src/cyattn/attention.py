@@ -251,10 +251,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         else:
             m_off, m_rs, m_cs = np.zeros(1, np.int64), 0, 0
 
-        def run(kv_fmt):
-            q, k, v = (V.kernel_ready(query, compute),
-                       V.kernel_ready(key, key.dtype if kv_fmt else compute),
-                       V.kernel_ready(value, value.dtype if kv_fmt else compute))
+        def run(q_fmt, kv_fmt):
+            q = V.kernel_ready(query, query.dtype if q_fmt else compute)
+            k = V.kernel_ready(key, key.dtype if kv_fmt else compute)
+            v = V.kernel_ready(value, value.dtype if kv_fmt else compute)
             if L <= _DECODE_MAX_L:
                 # The kernel's decode path (a few query rows) reads rows of adjacent elements;
                 # other layouts are copied, so they give the C-contiguous bits (huge broadcast
@@ -262,9 +262,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
                 q = V.unit_stride_rows(q, "query", f)
                 k = V.unit_stride_rows(k, "key", f)
                 v = V.unit_stride_rows(v, "value", f)
-            if kv_fmt:
-                # 16-bit storage the decode stream widens itself (issue 19): no float32 copy
-                k, v = k.view(np.uint16), v.view(np.uint16)
+            # 16-bit storage is widened by the kernels as they read it: no float32 copies
+            q, k, v = (a.view(np.uint16) if fmt else a
+                       for a, fmt in ((q, q_fmt), (k, kv_fmt), (v, kv_fmt)))
             return _backend.kernels.attention(
                 q, V.batch_offsets(q, batch), q.strides[-2] // q.itemsize, V.column_stride(q),
                 k, V.batch_offsets(k, batch, group), k.strides[-2] // k.itemsize,
@@ -274,11 +274,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
                 mask, kind, m_off, m_rs, m_cs, res, lse, L, S, E, Ev, scale, is_causal,
                 causal_alignment == "bottom_right", return_lse, n_threads, var.left, var.right,
                 var.softcap, var.key_lengths, var.query_lengths, var.slopes, var.sinks,
-                kv_fmt=kv_fmt)
+                q_fmt=q_fmt, kv_fmt=kv_fmt)
 
-        kv_fmt = V.half_kv_format(key, value, compute, L)
-        if run(kv_fmt) and kv_fmt:
-            run(0)      # a non-finite row: redone on float32 K/V, by the two-pass path
+        # float16/bfloat16 inputs are read as they are (the query only with more than
+        # _DECODE_MAX_L rows: decode reads a float32 query); K and V when of one format
+        q_fmt = V.half_format(query, compute) if L > _DECODE_MAX_L else 0
+        kv_fmt = V.half_format(key, compute) if key.dtype == value.dtype else 0
+        if run(q_fmt, kv_fmt) and (q_fmt or kv_fmt):
+            run(0, 0)   # a non-finite row: redone on float32 inputs, by the two-pass path
     if out is not None:
         if res is not out:
             V.copy_result(out, res)
