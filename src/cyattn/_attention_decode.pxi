@@ -32,6 +32,53 @@ cdef inline floating dot_lanes(const floating* a, const floating* b, Py_ssize_t 
     return lanes_sum(part) + tail
 
 
+cdef inline void dot4_lanes(const floating* a, const floating* b0, const floating* b1,
+                            const floating* b2, const floating* b3, Py_ssize_t n,
+                            floating* out) noexcept nogil:
+    """out[i] = dot_lanes(a, b_i, n) for four rows b_i, computed together: the same operations
+    in the same order per row (the same bits), as four independent chains (the decode key
+    pass was bound by the latency of one row's chain)."""
+    cdef floating p0[LANES]
+    cdef floating p1[LANES]
+    cdef floating p2[LANES]
+    cdef floating p3[LANES]
+    cdef floating t0 = 0, t1 = 0, t2 = 0, t3 = 0
+    cdef Py_ssize_t j = 0, lane
+    for lane in range(LANES):
+        p0[lane] = 0
+        p1[lane] = 0
+        p2[lane] = 0
+        p3[lane] = 0
+    while j + LANES <= n:
+        for lane in range(LANES):
+            p0[lane] += a[j + lane] * b0[j + lane]
+            p1[lane] += a[j + lane] * b1[j + lane]
+            p2[lane] += a[j + lane] * b2[j + lane]
+            p3[lane] += a[j + lane] * b3[j + lane]
+        j += LANES
+    while j < n:
+        t0 += a[j] * b0[j]
+        t1 += a[j] * b1[j]
+        t2 += a[j] * b2[j]
+        t3 += a[j] * b3[j]
+        j += 1
+    out[0] = lanes_sum(p0) + t0
+    out[1] = lanes_sum(p1) + t1
+    out[2] = lanes_sum(p2) + t2
+    out[3] = lanes_sum(p3) + t3
+
+
+cdef inline void axpy2(floating* acc, floating w0, const floating* v0, floating w1,
+                       const floating* v1, Py_ssize_t n) noexcept nogil:
+    """acc += w0 * v0, then acc += w1 * v1, element by element (the bits of the two updates
+    one after the other, with acc read and written once)."""
+    cdef Py_ssize_t e
+    cdef floating x
+    for e in range(n):
+        x = acc[e] + w0 * v0[e]
+        acc[e] = x + w1 * v1[e]
+
+
 cdef inline const floating* kv_row(const void* base, Py_ssize_t off, int kv_fmt, Py_ssize_t n,
                                    floating* wide) noexcept nogil:
     """The row of K or V at element offset `off`: the stored row itself, or for half-precision
@@ -65,7 +112,8 @@ cdef void decode_chunk(const floating* q, Py_ssize_t q_rs,
     Writes part[r] = (max, sum, accumulator[Ev]) for r < L, stride Ev + 2. Each key row and
     value row is read once for all query rows; rows past the query length read nothing and
     leave an empty state (max -inf, sum 0). k and v hold elements of the compute dtype, or of
-    the 16-bit format kv_fmt (then widened a row at a time into `wide`, max(E, Ev) elements).
+    the 16-bit format kv_fmt (then widened a row at a time into `wide`: 4 rows of
+    round_up(max(E, Ev), 16) elements).
     """
     cdef Py_ssize_t r, j, e, lo, hi
     cdef Py_ssize_t live = lim.lend if lim.lend < L else L
@@ -82,15 +130,34 @@ cdef void decode_chunk(const floating* q, Py_ssize_t q_rs,
     cdef Py_ssize_t row_bytes_v = Ev * esz
     cdef const char* kc = <const char*>k
     cdef const char* vc = <const char*>v
+    cdef const floating* k_rows[4]
+    cdef const floating* v_held = NULL         # a value row waiting for a partner (axpy2)
+    cdef floating w_held = 0
+    cdef floating dots[4]
+    cdef Py_ssize_t i, n4, stride_w = round_up(E if E > Ev else Ev, 16)
     # Software prefetch (into L2) DECODE_PF_BYTES ahead within the chunk: without it the
     # per-key reduction keeps too few cache misses in flight and decode ran at ~60 % of the
     # streaming read bandwidth; with it ~85 %. The last rows of the key pass prefetch the
     # first value rows. Prefetches never fault, but stay inside the chunk anyway.
     pf = (DECODE_PF_BYTES // esz) // (E if E > 0 else 1) + 1
-    for j in range(kb):
+    n4 = kb - kb % 4 if live > 0 else 0
+    j = 0
+    while j < n4:                               # four keys at a time (dot4_lanes)
+        for i in range(4):
+            if j + i + pf < kb:
+                prefetch_row(kc + (j0 + j + i + pf) * k_rs * esz, row_bytes_k)
+            elif j + i + pf - kb < kb:            # the first value rows, for the second pass
+                prefetch_row(vc + (j0 + j + i + pf - kb) * v_rs * esz, row_bytes_v)
+            k_rows[i] = kv_row(k, (j0 + j + i) * k_rs, kv_fmt, E, wide + i * stride_w)
+        for r in range(live):
+            dot4_lanes(q + r * q_rs, k_rows[0], k_rows[1], k_rows[2], k_rows[3], E, dots)
+            for i in range(4):
+                scores[r * kb + j + i] = scale * dots[i]
+        j += 4
+    for j in range(n4, kb):
         if j + pf < kb:
             prefetch_row(kc + (j0 + j + pf) * k_rs * esz, row_bytes_k)
-        elif j + pf - kb < kb:                    # the first value rows, for the second pass
+        elif j + pf - kb < kb:
             prefetch_row(vc + (j0 + j + pf - kb) * v_rs * esz, row_bytes_v)
         if live <= 0:
             continue
@@ -130,6 +197,26 @@ cdef void decode_chunk(const floating* q, Py_ssize_t q_rs,
         for e in range(Ev):
             acc[2 + e] = 0
     pf = (DECODE_PF_BYTES // esz) // (Ev if Ev > 0 else 1) + 1
+    if live == 1:
+        # one query row: the value rows of nonzero weight in pairs (axpy2), in key order
+        acc = part + 2
+        for j in range(kb):
+            if j + pf < kb:
+                prefetch_row(vc + (j0 + j + pf) * v_rs * esz, row_bytes_v)
+            w = scores[j]
+            if w == 0:      # adds nothing, and a masked key's inf/NaN value is never read
+                continue
+            if v_held == NULL:
+                v_held = kv_row(v, (j0 + j) * v_rs, kv_fmt, Ev, wide)
+                w_held = w
+                continue
+            v_row = kv_row(v, (j0 + j) * v_rs, kv_fmt, Ev, wide + stride_w)
+            axpy2(acc, w_held, v_held, w, v_row, Ev)
+            v_held = NULL
+        if v_held != NULL:
+            for e in range(Ev):
+                acc[e] += w_held * v_held[e]
+        return
     for j in range(kb):
         if j + pf < kb:
             prefetch_row(vc + (j0 + j + pf) * v_rs * esz, row_bytes_v)
@@ -294,7 +381,7 @@ cdef void decode_attention(const floating* q, const int64_t* q_off, Py_ssize_t q
     cdef floating* wide
     cdef void* raw
     cdef int done
-    cdef Py_ssize_t n_wide = round_up(E if E > Ev else Ev, 16) + 16
+    cdef Py_ssize_t n_wide = 4 * round_up(E if E > Ev else Ev, 16) + 16
     for bi in range(batch):                       # chunks some batch entry needs
         row_limits(var, bi, L, S, &lim)
         decode_key_range(&lim, L, &ka, &kz)
