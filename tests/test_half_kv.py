@@ -244,6 +244,7 @@ def test_prefill_bits_do_not_depend_on_threads(dtype):
     assert np.array_equal(_bits(one, dtype), _bits(two, dtype))
 
 
+@pytest.mark.slow      # 2 x 17 GFLOP per format: seconds natively, too long under qemu
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_prefill_peak_memory(dtype):
     """Issue 19's case, SDPA (1, 1, 8192, 64): NumPy allocates the float32 result the kernel

@@ -212,7 +212,8 @@ def test_full_bench_flop_formula_and_units():
 
 def test_full_bench_case_list():
     names = [s.name for s in _bench.build_specs()]
-    assert len(names) == len(set(names)) == 6 + 5 + 7 * 3 + 2 + 1
+    halves = len(_bench.cases.half_formats())       # issue 19: 2 SDPA + 1 decode case each
+    assert len(names) == len(set(names)) == 6 + 5 + 7 * 3 + 2 + 1 + 3 * halves
     for name in ("softmax (8,128,2048) bool mask", "matmul n=1024", "sdpa (8,8,128,64)",
                  "sdpa (1,8,2048,64) causal", "sdpa (1,1,8192,64) padding mask",
                  "decode B=1 H=32 L=1 S=4096 E=128", "decode B=1 H=32 L=1 S=512 E=128",
@@ -223,8 +224,11 @@ def test_full_bench_case_list():
     picked = _bench.select_specs(_bench.build_specs(), ["SDPA (1,1,8192", "decode"])
     assert [s.name for s in picked] == ["sdpa (1,1,8192,64)", "sdpa (1,1,8192,64) causal",
                                         "sdpa (1,1,8192,64) padding mask",
-                                        "decode B=1 H=32 L=1 S=4096 E=128",
-                                        "decode B=1 H=32 L=1 S=512 E=128"]
+                                        "decode B=1 H=32 L=1 S=4096 E=128"] + [
+        f"decode B=1 H=32 L=1 S=4096 E=128 {h}" for h in _bench.cases.half_formats()] + [
+        "decode B=1 H=32 L=1 S=512 E=128"]
+    for h in _bench.cases.half_formats():
+        assert f"sdpa (1,8,2048,64) {h}" in names and f"sdpa (1,8,512,64) {h}" not in quick
 
 
 def test_full_bench_cases_agree():
@@ -232,12 +236,14 @@ def test_full_bench_cases_agree():
     specs = [_bench.Spec("softmax", (2, 3, 16), "mask"), _bench.Spec("matmul", (16,)),
              _bench.Spec("sdpa", (2, 2, 16, 16, 8), "padding"),
              _bench.Spec("sdpa", (1, 2, 16, 16, 8), "causal"),
-             _bench.Spec("decode", (1, 2, 1, 32, 8), "dense"), _bench.Spec("tiny", (1, 1, 8, 8, 8))]
+             _bench.Spec("decode", (1, 2, 1, 32, 8), "dense"), _bench.Spec("tiny", (1, 1, 8, 8, 8)),
+             _bench.Spec("decode", (1, 2, 1, 700, 8), "dense float16"),
+             _bench.Spec("sdpa", (1, 2, 40, 40, 8), "dense float16")]
     for spec in specs:
         make, reference = _bench.prepare(spec, _bench.IMPLS + (_bench.KV_READ,))
         assert _bench.check_case(reference) == ([], {}), spec.name
         fns = make(1)
-        assert {"cyattn", "numpy"} <= set(fns)
+        assert {"cyattn"} | ({"numpy"} if spec.storage == "float32" else set()) <= set(fns)
         assert (_bench.KV_READ in fns) == (spec.group == "decode")
         for fn in fns.values():
             fn()
