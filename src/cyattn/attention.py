@@ -63,7 +63,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         Batch dimensions (``...``, e.g. batch and heads) broadcast like :func:`numpy.matmul`.
         float32 and float64 are computed natively, float16 and bfloat16 (``ml_dtypes``) in
         float32 (returned in their dtype); mixed float dtypes promote with ``np.result_type``
-        (bfloat16 with float16 gives float32).
+        (bfloat16 with float16 gives float32). Half-precision inputs are read by the kernels
+        as they are stored, each element widened exactly to float32 as it is loaded (no
+        float32 copy of an input; with at most 4 query rows the query is copied to float32),
+        so a half call gives the float32 call on the same values, rounded once. A call with
+        a non-finite row is computed again on float32 copies.
     attn_mask : array_like of bool or float, optional
         Broadcastable to ``(..., L, S)`` without enlarging the result. **bool**: True = the
         query may attend to the key (PyTorch SDPA convention); a False position gets exactly
@@ -238,7 +242,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     n_threads = V.resolve_threads(n_threads, f)
 
     count = math.prod(batch)
-    if out is not None and V.writes_in_place(out, compute, (query, key, value, attn_mask)):
+    # float16/bfloat16 inputs are read as they are (the query only with more than
+    # _DECODE_MAX_L rows: decode reads a float32 query); K and V when of one format
+    q_fmt = V.half_format(query, compute) if L > _DECODE_MAX_L else 0
+    kv_fmt = V.half_format(key, compute) if key.dtype == value.dtype else 0
+    # (a half call may be redone on float32 inputs: never straight into the caller's out)
+    if (out is not None and not (q_fmt or kv_fmt)
+            and V.writes_in_place(out, compute, (query, key, value, attn_mask))):
         res = out
     else:
         res = np.empty(out_shape, dtype=compute)
@@ -276,10 +286,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
                 var.softcap, var.key_lengths, var.query_lengths, var.slopes, var.sinks,
                 q_fmt=q_fmt, kv_fmt=kv_fmt)
 
-        # float16/bfloat16 inputs are read as they are (the query only with more than
-        # _DECODE_MAX_L rows: decode reads a float32 query); K and V when of one format
-        q_fmt = V.half_format(query, compute) if L > _DECODE_MAX_L else 0
-        kv_fmt = V.half_format(key, compute) if key.dtype == value.dtype else 0
         if run(q_fmt, kv_fmt) and (q_fmt or kv_fmt):
             run(0, 0)   # a non-finite row: redone on float32 inputs, by the two-pass path
     if out is not None:
