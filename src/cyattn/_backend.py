@@ -1,8 +1,9 @@
 """Pick the compiled kernel variant once, at import.
 
 The baseline module (no -march) always loads and reports the CPU's features (CPUID leaves 1 and
-7, and XGETBV for the OS's support of YMM and ZMM state). On x86-64 the best of the AVX2+FMA+F16C and
-AVX-512 (F, VL, BW, DQ: x86-64-v4) modules that the CPU and OS support is loaded.
+7, and XGETBV for the OS's support of YMM and ZMM state). On x86-64 the best of the
+AVX2+FMA+F16C (x86-64-v3) and AVX-512 (F, VL, BW, DQ: x86-64-v4) modules that the CPU and OS
+support is loaded.
 ``CYATTN_BACKEND=baseline|avx2|avx512`` forces one; forcing a variant this
 build lacks or this CPU cannot run raises ImportError with the reason. Nothing else imports a
 variant module directly: use ``kernels`` from here.
