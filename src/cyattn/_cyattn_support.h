@@ -168,6 +168,10 @@ static inline void cyattn_half_to_float(const uint16_t* src, float* dst, ptrdiff
         }
         return;
     }
+#if CYATTN_HAVE_F16C && defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(src + i))));
+#endif
 #if CYATTN_HAVE_F16C
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(src + i))));
