@@ -197,6 +197,13 @@ cdef void decode_chunk(const floating* q, Py_ssize_t q_rs,
         for e in range(Ev):
             acc[2 + e] = 0
     pf = (DECODE_PF_BYTES // esz) // (Ev if Ev > 0 else 1) + 1
+    if floating is float:
+        if live == 1:
+            # one query row: blocks of the accumulator stay in registers over the chunk's
+            # value rows (cyattn_wsum_rows; same bits as the row-by-row loop)
+            cyattn_wsum_rows(part + 2, scores, vc + j0 * v_rs * esz, kb, v_rs, Ev, kv_fmt,
+                             DECODE_PF_BYTES)
+            return
     if live == 1:
         # one query row: the value rows of nonzero weight in pairs (axpy2), in key order
         acc = part + 2

@@ -182,4 +182,107 @@ static inline void cyattn_half_to_float(const uint16_t* src, float* dst, ptrdiff
     }
 }
 
+/* ---- decode: weighted sum of value rows ------------------------------------------------ */
+/* acc[0:n] += w[j] * v[j * vs + 0:n] for rows j = 0 .. rows-1 in order, skipping rows with
+   w[j] == 0 (never read: a masked key's inf/NaN value stays out). v holds float32 (fmt 0) or
+   16-bit elements of format fmt, widened exactly as cyattn_half_to_float does. Per element the
+   updates happen in row order, each a fused multiply-add where the module is built with FMA
+   (as gcc contracts `acc[e] += w * v[e]` there) and a multiply then an add elsewhere, so the
+   result is that of the row-by-row loop. Blocks of 64 (AVX-512) or 32 (AVX2) elements stay in
+   registers across all the rows: the row-by-row loop loaded and stored the accumulator for
+   every row, which bound decode. pf_bytes > 0: the first block's pass prefetches the row that
+   far ahead (in bytes of v). */
+static inline float cyattn_widen1(const void* v, ptrdiff_t i, int fmt) {
+    uint32_t b;
+    float f;
+    if (fmt == 0) return ((const float*)v)[i];
+    b = ((const uint16_t*)v)[i];
+    b = (fmt == CYATTN_HALF_BF16) ? (b << 16) : cyattn_f16_bits_to_f32_bits(b);
+    memcpy(&f, &b, 4);
+    return f;
+}
+
+#if defined(__AVX512F__) && CYATTN_HAVE_F16C
+static inline __m512 cyattn_load16(const void* v, ptrdiff_t i, int fmt) {
+    if (fmt == 0) return _mm512_loadu_ps((const float*)v + i);
+    if (fmt == CYATTN_HALF_F16)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)v + i)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+        _mm256_loadu_si256((const __m256i*)((const uint16_t*)v + i))), 16));
+}
+#define CYATTN_WSUM_BLOCK 64
+#elif defined(__AVX2__) && defined(__FMA__) && CYATTN_HAVE_F16C
+static inline __m256 cyattn_load8(const void* v, ptrdiff_t i, int fmt) {
+    if (fmt == 0) return _mm256_loadu_ps((const float*)v + i);
+    if (fmt == CYATTN_HALF_F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)v + i)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(
+        _mm_loadu_si128((const __m128i*)((const uint16_t*)v + i))), 16));
+}
+#define CYATTN_WSUM_BLOCK 32
+#else
+#define CYATTN_WSUM_BLOCK 0
+#endif
+
+static inline void cyattn_wsum_rows(float* acc, const float* w, const void* v, ptrdiff_t rows,
+                                    ptrdiff_t vs, ptrdiff_t n, int fmt, ptrdiff_t pf_bytes) {
+    ptrdiff_t e0 = 0, j, e, off;
+    ptrdiff_t esz = fmt == 0 ? 4 : 2;
+    ptrdiff_t end = rows * vs * esz;       /* prefetches stay inside the rows */
+#if CYATTN_WSUM_BLOCK == 64
+    for (; e0 + 64 <= n; e0 += 64) {
+        __m512 a0 = _mm512_loadu_ps(acc + e0), a1 = _mm512_loadu_ps(acc + e0 + 16);
+        __m512 a2 = _mm512_loadu_ps(acc + e0 + 32), a3 = _mm512_loadu_ps(acc + e0 + 48);
+        for (j = 0; j < rows; j++) {
+            __m512 wj;
+            if (pf_bytes > 0 && j * vs * esz + pf_bytes < end)
+                for (off = 0; off < n * esz; off += 64)
+                    cyattn_prefetch_r((const char*)v + j * vs * esz + pf_bytes + off);
+            if (w[j] == 0) continue;
+            wj = _mm512_set1_ps(w[j]);
+            a0 = _mm512_fmadd_ps(wj, cyattn_load16(v, j * vs + e0, fmt), a0);
+            a1 = _mm512_fmadd_ps(wj, cyattn_load16(v, j * vs + e0 + 16, fmt), a1);
+            a2 = _mm512_fmadd_ps(wj, cyattn_load16(v, j * vs + e0 + 32, fmt), a2);
+            a3 = _mm512_fmadd_ps(wj, cyattn_load16(v, j * vs + e0 + 48, fmt), a3);
+        }
+        _mm512_storeu_ps(acc + e0, a0);
+        _mm512_storeu_ps(acc + e0 + 16, a1);
+        _mm512_storeu_ps(acc + e0 + 32, a2);
+        _mm512_storeu_ps(acc + e0 + 48, a3);
+        pf_bytes = 0;
+    }
+#elif CYATTN_WSUM_BLOCK == 32
+    for (; e0 + 32 <= n; e0 += 32) {
+        __m256 a0 = _mm256_loadu_ps(acc + e0), a1 = _mm256_loadu_ps(acc + e0 + 8);
+        __m256 a2 = _mm256_loadu_ps(acc + e0 + 16), a3 = _mm256_loadu_ps(acc + e0 + 24);
+        for (j = 0; j < rows; j++) {
+            __m256 wj;
+            if (pf_bytes > 0 && j * vs * esz + pf_bytes < end)
+                for (off = 0; off < n * esz; off += 64)
+                    cyattn_prefetch_r((const char*)v + j * vs * esz + pf_bytes + off);
+            if (w[j] == 0) continue;
+            wj = _mm256_set1_ps(w[j]);
+            a0 = _mm256_fmadd_ps(wj, cyattn_load8(v, j * vs + e0, fmt), a0);
+            a1 = _mm256_fmadd_ps(wj, cyattn_load8(v, j * vs + e0 + 8, fmt), a1);
+            a2 = _mm256_fmadd_ps(wj, cyattn_load8(v, j * vs + e0 + 16, fmt), a2);
+            a3 = _mm256_fmadd_ps(wj, cyattn_load8(v, j * vs + e0 + 24, fmt), a3);
+        }
+        _mm256_storeu_ps(acc + e0, a0);
+        _mm256_storeu_ps(acc + e0 + 8, a1);
+        _mm256_storeu_ps(acc + e0 + 16, a2);
+        _mm256_storeu_ps(acc + e0 + 24, a3);
+        pf_bytes = 0;
+    }
+#endif
+    for (j = 0; j < rows; j++) {           /* the rest of the elements, row by row */
+        float wj = w[j];
+        if (pf_bytes > 0 && j * vs * esz + pf_bytes < end)
+            for (off = 0; off < n * esz; off += 64)
+                cyattn_prefetch_r((const char*)v + j * vs * esz + pf_bytes + off);
+        if (wj == 0) continue;
+        for (e = e0; e < n; e++)
+            acc[e] += wj * cyattn_widen1(v, j * vs + e, fmt);
+    }
+}
+
 #endif /* CYATTN_SUPPORT_H */

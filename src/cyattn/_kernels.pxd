@@ -20,6 +20,8 @@ cdef extern from "_cyattn_support.h" nogil:
     int CYATTN_HALF_F16
     int CYATTN_HALF_BF16
     void cyattn_half_to_float(const uint16_t* src, float* dst, Py_ssize_t n, int fmt)
+    void cyattn_wsum_rows(float* acc, const float* w, const void* v, Py_ssize_t rows,
+                          Py_ssize_t vs, Py_ssize_t n, int fmt, Py_ssize_t pf_bytes)
     int cyattn_cpu_features()
     int cyattn_openmp_enabled()
     int cyattn_omp_max_threads()
