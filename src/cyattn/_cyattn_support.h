@@ -202,26 +202,36 @@ static inline float cyattn_widen1(const void* v, ptrdiff_t i, int fmt) {
     return f;
 }
 
+/* One vector type per ISA for cyattn_wsum_rows: CYATTN_VW float lanes, loads of float32 or
+   16-bit elements (widened in registers), and the FMA. */
 #if defined(__AVX512F__) && CYATTN_HAVE_F16C
-static inline __m512 cyattn_load16(const void* v, ptrdiff_t i, int fmt) {
+typedef __m512 cyattn_vec;
+#define CYATTN_VW 16
+#define cyattn_vloadf _mm512_loadu_ps
+#define cyattn_vstoref _mm512_storeu_ps
+#define cyattn_vset1 _mm512_set1_ps
+#define cyattn_vfmadd _mm512_fmadd_ps
+static inline __m512 cyattn_vload(const void* v, ptrdiff_t i, int fmt) {
     if (fmt == 0) return _mm512_loadu_ps((const float*)v + i);
     if (fmt == CYATTN_HALF_F16)
         return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)v + i)));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
         _mm256_loadu_si256((const __m256i*)((const uint16_t*)v + i))), 16));
 }
-#define CYATTN_WSUM_BLOCK 64
 #elif defined(__AVX2__) && defined(__FMA__) && CYATTN_HAVE_F16C
-static inline __m256 cyattn_load8(const void* v, ptrdiff_t i, int fmt) {
+typedef __m256 cyattn_vec;
+#define CYATTN_VW 8
+#define cyattn_vloadf _mm256_loadu_ps
+#define cyattn_vstoref _mm256_storeu_ps
+#define cyattn_vset1 _mm256_set1_ps
+#define cyattn_vfmadd _mm256_fmadd_ps
+static inline __m256 cyattn_vload(const void* v, ptrdiff_t i, int fmt) {
     if (fmt == 0) return _mm256_loadu_ps((const float*)v + i);
     if (fmt == CYATTN_HALF_F16)
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)v + i)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(
         _mm_loadu_si128((const __m128i*)((const uint16_t*)v + i))), 16));
 }
-#define CYATTN_WSUM_BLOCK 32
-#else
-#define CYATTN_WSUM_BLOCK 0
 #endif
 
 static inline void cyattn_wsum_rows(float* acc, const float* w, const void* v, ptrdiff_t rows,
@@ -229,48 +239,27 @@ static inline void cyattn_wsum_rows(float* acc, const float* w, const void* v, p
     ptrdiff_t e0 = 0, j, e, off;
     ptrdiff_t esz = fmt == 0 ? 4 : 2;
     ptrdiff_t end = rows * vs * esz;       /* prefetches stay inside the rows */
-#if CYATTN_WSUM_BLOCK == 64
-    for (; e0 + 64 <= n; e0 += 64) {
-        __m512 a0 = _mm512_loadu_ps(acc + e0), a1 = _mm512_loadu_ps(acc + e0 + 16);
-        __m512 a2 = _mm512_loadu_ps(acc + e0 + 32), a3 = _mm512_loadu_ps(acc + e0 + 48);
+#if defined(CYATTN_VW)
+    for (; e0 + 4 * CYATTN_VW <= n; e0 += 4 * CYATTN_VW) {
+        cyattn_vec a0 = cyattn_vloadf(acc + e0), a1 = cyattn_vloadf(acc + e0 + CYATTN_VW);
+        cyattn_vec a2 = cyattn_vloadf(acc + e0 + 2 * CYATTN_VW);
+        cyattn_vec a3 = cyattn_vloadf(acc + e0 + 3 * CYATTN_VW);
         for (j = 0; j < rows; j++) {
-            __m512 wj;
+            cyattn_vec wj;
             if (pf_bytes > 0 && j * vs * esz + pf_bytes < end)
                 for (off = 0; off < n * esz; off += 64)
                     cyattn_prefetch_r((const char*)v + j * vs * esz + pf_bytes + off);
             if (w[j] == 0) continue;
-            wj = _mm512_set1_ps(w[j]);
-            a0 = _mm512_fmadd_ps(wj, cyattn_load16(v, j * vs + e0, fmt), a0);
-            a1 = _mm512_fmadd_ps(wj, cyattn_load16(v, j * vs + e0 + 16, fmt), a1);
-            a2 = _mm512_fmadd_ps(wj, cyattn_load16(v, j * vs + e0 + 32, fmt), a2);
-            a3 = _mm512_fmadd_ps(wj, cyattn_load16(v, j * vs + e0 + 48, fmt), a3);
+            wj = cyattn_vset1(w[j]);
+            a0 = cyattn_vfmadd(wj, cyattn_vload(v, j * vs + e0, fmt), a0);
+            a1 = cyattn_vfmadd(wj, cyattn_vload(v, j * vs + e0 + CYATTN_VW, fmt), a1);
+            a2 = cyattn_vfmadd(wj, cyattn_vload(v, j * vs + e0 + 2 * CYATTN_VW, fmt), a2);
+            a3 = cyattn_vfmadd(wj, cyattn_vload(v, j * vs + e0 + 3 * CYATTN_VW, fmt), a3);
         }
-        _mm512_storeu_ps(acc + e0, a0);
-        _mm512_storeu_ps(acc + e0 + 16, a1);
-        _mm512_storeu_ps(acc + e0 + 32, a2);
-        _mm512_storeu_ps(acc + e0 + 48, a3);
-        pf_bytes = 0;
-    }
-#elif CYATTN_WSUM_BLOCK == 32
-    for (; e0 + 32 <= n; e0 += 32) {
-        __m256 a0 = _mm256_loadu_ps(acc + e0), a1 = _mm256_loadu_ps(acc + e0 + 8);
-        __m256 a2 = _mm256_loadu_ps(acc + e0 + 16), a3 = _mm256_loadu_ps(acc + e0 + 24);
-        for (j = 0; j < rows; j++) {
-            __m256 wj;
-            if (pf_bytes > 0 && j * vs * esz + pf_bytes < end)
-                for (off = 0; off < n * esz; off += 64)
-                    cyattn_prefetch_r((const char*)v + j * vs * esz + pf_bytes + off);
-            if (w[j] == 0) continue;
-            wj = _mm256_set1_ps(w[j]);
-            a0 = _mm256_fmadd_ps(wj, cyattn_load8(v, j * vs + e0, fmt), a0);
-            a1 = _mm256_fmadd_ps(wj, cyattn_load8(v, j * vs + e0 + 8, fmt), a1);
-            a2 = _mm256_fmadd_ps(wj, cyattn_load8(v, j * vs + e0 + 16, fmt), a2);
-            a3 = _mm256_fmadd_ps(wj, cyattn_load8(v, j * vs + e0 + 24, fmt), a3);
-        }
-        _mm256_storeu_ps(acc + e0, a0);
-        _mm256_storeu_ps(acc + e0 + 8, a1);
-        _mm256_storeu_ps(acc + e0 + 16, a2);
-        _mm256_storeu_ps(acc + e0 + 24, a3);
+        cyattn_vstoref(acc + e0, a0);
+        cyattn_vstoref(acc + e0 + CYATTN_VW, a1);
+        cyattn_vstoref(acc + e0 + 2 * CYATTN_VW, a2);
+        cyattn_vstoref(acc + e0 + 3 * CYATTN_VW, a3);
         pf_bytes = 0;
     }
 #endif
