@@ -14,6 +14,7 @@ import pytest
 
 import cyattn
 from cyattn import _backend
+from conftest import assert_close, numpy_sdpa
 
 ALL_BITS = np.arange(1 << 16, dtype=np.uint16)
 
@@ -260,3 +261,26 @@ def test_prefill_peak_memory(dtype):
         tracemalloc.stop()
     assert out.dtype == dtype
     assert peak < 3 * out.nbytes + (1 << 19), peak
+
+
+@pytest.mark.parametrize("E, Ev", [(1, 7), (8, 8), (31, 33), (48, 80), (65, 100), (130, 64)])
+@pytest.mark.parametrize("L", [1, 2, 4])
+def test_decode_rows_of_any_head_size(variant, E, Ev, L):
+    """The decode key and value passes (1-4 query rows sharing each key and value row; key
+    groups of 4 or 2 with their pairwise trees taken in vector registers, a tail of keys one at
+    a time, head sizes with a tail past the 32 lanes) against float64 NumPy, and the half calls
+    against the float32 call bit for bit. S = 1,027 keys: two full chunks and a partial one,
+    whose key count leaves a remainder of 3."""
+    rng = np.random.default_rng(E * 1000 + Ev * 10 + L)
+    mask = rng.random((2, 1, L, 1027)) < 0.8
+    q, k, v = (a.astype(np.float32) for a in _decode_inputs(rng, np.float32, L=L, S=1027,
+                                                             E=E, Ev=Ev))
+    got = cyattn.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    ref, _ = numpy_sdpa(q, k, v, mask=mask, enable_gqa=True)
+    assert_close(got, ref, np.float32)
+    for dtype in HALF:
+        qh, kh, vh = (a.astype(dtype) for a in (q, k, v))
+        got = cyattn.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)
+        ref = cyattn.scaled_dot_product_attention(*_as32(qh, kh, vh), attn_mask=mask,
+                                                  enable_gqa=True)
+        assert np.array_equal(_bits(got, dtype), _bits(ref.astype(dtype), dtype)), dtype

@@ -9,11 +9,18 @@
 #   value is never read (the Python side copies strided rows, so every layout decodes).
 # * decode loops prefetch DECODE_PF_BYTES ahead into L2 (decode was latency-bound at ~60 % of
 #   the streaming read bandwidth without it).
+# * float32 compute: the key pass (cyattn_dot_rows) and the value pass (cyattn_wsum_rows) are
+#   C helpers in _cyattn_support.h over all 1-4 query rows of the task at once: each key or
+#   value row is loaded once for all of them, the dots' pairwise trees are taken in vector
+#   registers, and the value accumulators stay in registers. Their arithmetic is that of the
+#   Cython loops kept below for float64, operation for operation (the bits are the same but
+#   for a dot's tail past the 32 lanes, now one fused multiply-add per product on FMA builds,
+#   as every other product).
 # * half-precision K/V (issue 19; float32 compute only): kv_fmt names the 16-bit format of K
-#   and V (0: they are of the compute dtype), each key and value row is widened into a
-#   per-thread row of float32 as it is read (kv_row), so the stream reads half the bytes and
-#   no float32 copy of K or V exists. Non-finite rows are then not redone here: the call
-#   reports them (status 2) and the caller redoes it on float32 inputs.
+#   and V (0: they are of the compute dtype); the C helpers widen each row in registers as
+#   they load it, so the stream reads half the bytes and no float32 copy of K or V exists.
+#   Non-finite rows are then not redone here: the call reports them (status 2) and the caller
+#   redoes it on float32 inputs.
 
 cdef inline floating dot_lanes(const floating* a, const floating* b, Py_ssize_t n) noexcept nogil:
     """sum_e a[e] * b[e] with LANES lane-wise partial sums combined pairwise (vectorised)."""
@@ -79,17 +86,6 @@ cdef inline void axpy2(floating* acc, floating w0, const floating* v0, floating 
         acc[e] = x + w1 * v1[e]
 
 
-cdef inline const floating* kv_row(const void* base, Py_ssize_t off, int kv_fmt, Py_ssize_t n,
-                                   floating* wide) noexcept nogil:
-    """The row of K or V at element offset `off`: the stored row itself, or for half-precision
-    storage (kv_fmt != 0; float32 compute only) its n elements widened into `wide`."""
-    if floating is float:
-        if kv_fmt != 0:
-            cyattn_half_to_float(<const uint16_t*>base + off, wide, n, kv_fmt)
-            return wide
-    return <const floating*>base + off
-
-
 cdef inline void prefetch_row(const void* row, Py_ssize_t nbytes) noexcept nogil:
     """Prefetch (into L2) each 64-byte line of row[0:nbytes]."""
     cdef Py_ssize_t off = 0
@@ -106,14 +102,14 @@ cdef void decode_chunk(const floating* q, Py_ssize_t q_rs,
                        Py_ssize_t L, Py_ssize_t j0, Py_ssize_t kb,
                        Py_ssize_t E, Py_ssize_t Ev, floating scale,
                        const RowLimits* lim,
-                       floating* scores, floating* part, floating* wide) noexcept nogil:
+                       floating* scores, floating* part) noexcept nogil:
     """Partial softmax state of all L query rows over keys j0 .. j0+kb (unit-stride rows).
 
     Writes part[r] = (max, sum, accumulator[Ev]) for r < L, stride Ev + 2. Each key row and
     value row is read once for all query rows; rows past the query length read nothing and
-    leave an empty state (max -inf, sum 0). k and v hold elements of the compute dtype, or of
-    the 16-bit format kv_fmt (then widened a row at a time into `wide`: 4 rows of
-    round_up(max(E, Ev), 16) elements).
+    leave an empty state (max -inf, sum 0). k and v hold elements of the compute dtype, or
+    (float32 compute only) of the 16-bit format kv_fmt, which the C helpers widen as they
+    load them.
     """
     cdef Py_ssize_t r, j, e, lo, hi
     cdef Py_ssize_t live = lim.lend if lim.lend < L else L
@@ -134,7 +130,7 @@ cdef void decode_chunk(const floating* q, Py_ssize_t q_rs,
     cdef const floating* v_held = NULL         # a value row waiting for a partner (axpy2)
     cdef floating w_held = 0
     cdef floating dots[4]
-    cdef Py_ssize_t i, n4, stride_w = round_up(E if E > Ev else Ev, 16)
+    cdef Py_ssize_t i, n4
     # Software prefetch (into L2) DECODE_PF_BYTES ahead within the chunk: without it the
     # per-key reduction keeps too few cache misses in flight and decode ran at ~60 % of the
     # streaming read bandwidth; with it ~85 %. The last rows of the key pass prefetch the
@@ -142,13 +138,21 @@ cdef void decode_chunk(const floating* q, Py_ssize_t q_rs,
     pf = (DECODE_PF_BYTES // esz) // (E if E > 0 else 1) + 1
     n4 = kb - kb % 4 if live > 0 else 0
     j = 0
+    if floating is float:
+        if live >= 1:
+            # float32 (and half K/V): all live rows at once (cyattn_dot_rows; the arithmetic
+            # of dot4_lanes / dot_lanes below)
+            cyattn_dot_rows(scores, kb, q, q_rs, live, kc + j0 * k_rs * esz, kb, k_rs, E, kv_fmt,
+                            scale, vc + j0 * v_rs * esz, v_rs, Ev, DECODE_PF_BYTES)
+            j = kb                              # the loops below have nothing left to do
+            n4 = kb
     while j < n4:                               # four keys at a time (dot4_lanes)
         for i in range(4):
             if j + i + pf < kb:
                 prefetch_row(kc + (j0 + j + i + pf) * k_rs * esz, row_bytes_k)
             elif j + i + pf - kb < kb:            # the first value rows, for the second pass
                 prefetch_row(vc + (j0 + j + i + pf - kb) * v_rs * esz, row_bytes_v)
-            k_rows[i] = kv_row(k, (j0 + j + i) * k_rs, kv_fmt, E, wide + i * stride_w)
+            k_rows[i] = <const floating*>k + (j0 + j + i) * k_rs
         for r in range(live):
             dot4_lanes(q + r * q_rs, k_rows[0], k_rows[1], k_rows[2], k_rows[3], E, dots)
             for i in range(4):
@@ -161,7 +165,7 @@ cdef void decode_chunk(const floating* q, Py_ssize_t q_rs,
             prefetch_row(vc + (j0 + j + pf - kb) * v_rs * esz, row_bytes_v)
         if live <= 0:
             continue
-        k_row = kv_row(k, (j0 + j) * k_rs, kv_fmt, E, wide)
+        k_row = <const floating*>k + (j0 + j) * k_rs
         for r in range(live):
             scores[r * kb + j] = scale * dot_lanes(q + r * q_rs, k_row, E)
     for r in range(live, L):
@@ -198,11 +202,12 @@ cdef void decode_chunk(const floating* q, Py_ssize_t q_rs,
             acc[2 + e] = 0
     pf = (DECODE_PF_BYTES // esz) // (Ev if Ev > 0 else 1) + 1
     if floating is float:
-        if live == 1:
-            # one query row: blocks of the accumulator stay in registers over the chunk's
-            # value rows (cyattn_wsum_rows; same bits as the row-by-row loop)
-            cyattn_wsum_rows(part + 2, scores, vc + j0 * v_rs * esz, kb, v_rs, Ev, kv_fmt,
-                             DECODE_PF_BYTES)
+        if live >= 1:
+            # float32: blocks of the accumulators stay in registers over the chunk's value
+            # rows, each value block loaded once for all live rows (cyattn_wsum_rows; the bits
+            # of the row-by-row loops below)
+            cyattn_wsum_rows(part + 2, Ev + 2, scores, kb, live, vc + j0 * v_rs * esz, kb, v_rs,
+                             Ev, kv_fmt, DECODE_PF_BYTES)
             return
     if live == 1:
         # one query row: the value rows of nonzero weight in pairs (axpy2), in key order
@@ -214,10 +219,10 @@ cdef void decode_chunk(const floating* q, Py_ssize_t q_rs,
             if w == 0:      # adds nothing, and a masked key's inf/NaN value is never read
                 continue
             if v_held == NULL:
-                v_held = kv_row(v, (j0 + j) * v_rs, kv_fmt, Ev, wide)
+                v_held = <const floating*>v + (j0 + j) * v_rs
                 w_held = w
                 continue
-            v_row = kv_row(v, (j0 + j) * v_rs, kv_fmt, Ev, wide + stride_w)
+            v_row = <const floating*>v + (j0 + j) * v_rs
             axpy2(acc, w_held, v_held, w, v_row, Ev)
             v_held = NULL
         if v_held != NULL:
@@ -233,7 +238,7 @@ cdef void decode_chunk(const floating* q, Py_ssize_t q_rs,
             if w == 0:      # adds nothing, and a masked key's inf/NaN value is never read
                 continue
             if v_row == NULL:
-                v_row = kv_row(v, (j0 + j) * v_rs, kv_fmt, Ev, wide)
+                v_row = <const floating*>v + (j0 + j) * v_rs
             acc = part + r * (Ev + 2) + 2
             for e in range(Ev):
                 acc[e] += w * v_row[e]
@@ -299,7 +304,7 @@ cdef void decode_task(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
                       const int64_t* m_off, Py_ssize_t m_rs, Py_ssize_t m_cs,
                       Py_ssize_t L, Py_ssize_t S, Py_ssize_t E, Py_ssize_t Ev, floating scale,
                       const AttnVariant* var, Py_ssize_t bi, Py_ssize_t c,
-                      floating* scores, floating* part, floating* wide) noexcept nogil:
+                      floating* scores, floating* part) noexcept nogil:
     """Task (batch entry bi, chunk c): its partial states, over the keys of the chunk that
     some row of the entry may see (an empty state when none does)."""
     cdef RowLimits lim
@@ -325,7 +330,7 @@ cdef void decode_task(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
                  <const char*>v + v_off[bi] * esz, v_rs, kv_fmt,
                  bmask + mo if bmask != NULL else NULL,
                  amask + mo if amask != NULL else NULL, m_rs, m_cs,
-                 L, j0, j1 - j0, E, Ev, scale, &lim, scores, part, wide)
+                 L, j0, j1 - j0, E, Ev, scale, &lim, scores, part)
 
 
 cdef int decode_finish(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
@@ -385,10 +390,8 @@ cdef void decode_attention(const floating* q, const int64_t* q_off, Py_ssize_t q
     cdef RowLimits lim
     cdef floating* parts
     cdef floating* scores
-    cdef floating* wide
     cdef void* raw
     cdef int done
-    cdef Py_ssize_t n_wide = 4 * round_up(E if E > Ev else Ev, 16) + 16
     for bi in range(batch):                       # chunks some batch entry needs
         row_limits(var, bi, L, S, &lim)
         decode_key_range(&lim, L, &ka, &kz)
@@ -408,20 +411,17 @@ cdef void decode_attention(const floating* q, const int64_t* q_off, Py_ssize_t q
         return
     if ntasks > 0:
         with parallel(num_threads=n_threads):
-            raw = malloc(<size_t>(L * DECODE_CHUNK + n_wide) * sizeof(floating) + ALIGN)
+            raw = malloc(<size_t>(L * DECODE_CHUNK) * sizeof(floating) + ALIGN)
             scores = NULL
-            wide = NULL
             if raw == NULL:
                 status[0] = 1
             else:
                 scores = <floating*>align_ptr(raw)
-                wide = scores + L * DECODE_CHUNK
             for t in prange(ntasks, schedule='static'):
                 if raw != NULL:
                     decode_task(q, q_off, q_rs, k, k_off, k_rs, v, v_off, v_rs, kv_fmt,
                                 bmask, amask, m_off, m_rs, m_cs, L, S, E, Ev, scale, var,
-                                t // chunks, c_beg + t % chunks, scores, parts + t * stride,
-                                wide)
+                                t // chunks, c_beg + t % chunks, scores, parts + t * stride)
             free(raw)
     if status[0]:
         free(parts)

@@ -114,6 +114,16 @@ static int cyattn_omp_pause(void) { return -1; }
 #endif
 
 /* ---- prefetch ------------------------------------------------------------------------ */
+/* Helpers that must be inlined into their caller. A helper whose only effects are prefetches
+   must be: gcc's interprocedural pure-const analysis counts a prefetch as no side effect and
+   deletes the call to such a helper (gcc 12 at -O2 and -O3), so the prefetches vanish. */
+#if defined(__GNUC__) || defined(__clang__)
+#define CYATTN_INLINE static inline __attribute__((always_inline))
+#elif defined(_MSC_VER)
+#define CYATTN_INLINE static __forceinline
+#else
+#define CYATTN_INLINE static inline
+#endif
 #if defined(__GNUC__) || defined(__clang__)
 #define cyattn_prefetch_w(p) __builtin_prefetch((const void *)(p), 1, 3)
 /* read, keep in L2 (prefetcht2 on x86): streaming rows that are read once */
@@ -183,15 +193,17 @@ static inline void cyattn_half_to_float(const uint16_t* src, float* dst, ptrdiff
 }
 
 /* ---- decode: weighted sum of value rows ------------------------------------------------ */
-/* acc[0:n] += w[j] * v[j * vs + 0:n] for rows j = 0 .. rows-1 in order, skipping rows with
-   w[j] == 0 (never read: a masked key's inf/NaN value stays out). v holds float32 (fmt 0) or
-   16-bit elements of format fmt, widened exactly as cyattn_half_to_float does. Per element the
-   updates happen in row order, each a fused multiply-add where the module is built with FMA
-   (as gcc contracts `acc[e] += w * v[e]` there) and a multiply then an add elsewhere, so the
-   result is that of the row-by-row loop. Blocks of 64 (AVX-512) or 32 (AVX2) elements stay in
-   registers across all the rows: the row-by-row loop loaded and stored the accumulator for
-   every row, which bound decode. pf_bytes > 0: the first block's pass prefetches the row that
-   far ahead (in bytes of v). */
+/* For each of nq query rows r: acc[r * as + 0:n] += w[r * ws + j] * v[j * vs + 0:n] for rows
+   j = 0 .. rows-1 in order, skipping the rows with w[r * ws + j] == 0 (so a masked key's
+   inf/NaN value never enters row r's sum). v holds float32 (fmt 0) or 16-bit elements of
+   format fmt, widened exactly as cyattn_half_to_float does. Per element the updates happen in
+   row order, each a fused multiply-add where the module is built with FMA (as gcc contracts
+   `acc[e] += w * v[e]` there) and a multiply then an add elsewhere, so the result is that of
+   the row-by-row loop. Blocks of the accumulators (64 elements for one query row, 32 each for
+   2-4 rows, on AVX-512; half that on AVX2) stay in registers across all the value rows, and
+   each value block is loaded once for all query rows: the row-by-row loop loaded and stored
+   the accumulator for every row, which bound decode. pf_bytes > 0: the first block's pass
+   prefetches the row that far ahead (in bytes of v). */
 static inline float cyattn_widen1(const void* v, ptrdiff_t i, int fmt) {
     uint32_t b;
     float f;
@@ -201,6 +213,17 @@ static inline float cyattn_widen1(const void* v, ptrdiff_t i, int fmt) {
     memcpy(&f, &b, 4);
     return f;
 }
+
+/* c + a * b as gcc's contraction of `c += a * b` gives it in the module: one fused
+   multiply-add where the module is built with FMA, else a multiply then an add. Spelled out,
+   because gcc does not contract every such update in these helpers (a dot's tail, whose
+   operand comes from cyattn_widen1, stayed a multiply and an add). */
+#if defined(__FMA__)
+#include <math.h>
+#define CYATTN_MADD(a, b, c) fmaf((a), (b), (c))
+#else
+#define CYATTN_MADD(a, b, c) ((c) + (a) * (b))
+#endif
 
 /* One vector type per ISA for cyattn_wsum_rows: CYATTN_VW float lanes, loads of float32 or
    16-bit elements (widened in registers), and the FMA. */
@@ -234,44 +257,231 @@ static inline __m256 cyattn_vload(const void* v, ptrdiff_t i, int fmt) {
 }
 #endif
 
-static inline void cyattn_wsum_rows(float* acc, const float* w, const void* v, ptrdiff_t rows,
-                                    ptrdiff_t vs, ptrdiff_t n, int fmt, ptrdiff_t pf_bytes) {
-    ptrdiff_t e0 = 0, j, e, off;
+/* The value pass of nq (1..4) query rows over the same value rows: for each row r,
+   acc[r * as + 0:n] += w[r * ws + j] * v[j * vs + 0:n] over j in order as above (row r skips
+   the rows j of zero weight). Each value block is loaded once for all nq rows. */
+CYATTN_INLINE void cyattn_wsum_block(
+        float* acc, ptrdiff_t as, const float* w, ptrdiff_t ws, const int nq, const void* v,
+        ptrdiff_t rows, ptrdiff_t vs, ptrdiff_t n, int fmt, ptrdiff_t pf_bytes, ptrdiff_t* e_done) {
+    ptrdiff_t e0 = 0, j, off, r;
     ptrdiff_t esz = fmt == 0 ? 4 : 2;
     ptrdiff_t end = rows * vs * esz;       /* prefetches stay inside the rows */
 #if defined(CYATTN_VW)
-    for (; e0 + 4 * CYATTN_VW <= n; e0 += 4 * CYATTN_VW) {
-        cyattn_vec a0 = cyattn_vloadf(acc + e0), a1 = cyattn_vloadf(acc + e0 + CYATTN_VW);
-        cyattn_vec a2 = cyattn_vloadf(acc + e0 + 2 * CYATTN_VW);
-        cyattn_vec a3 = cyattn_vloadf(acc + e0 + 3 * CYATTN_VW);
+    /* accumulator blocks per row: 4 vectors for one row, 2 for more (registers) */
+    enum { NB = 4 };
+    const int nb = nq == 1 ? 4 : 2;
+    for (; e0 + nb * CYATTN_VW <= n; e0 += nb * CYATTN_VW) {
+        cyattn_vec a[4][NB];
+        int b;
+        for (r = 0; r < nq; r++)
+            for (b = 0; b < nb; b++)
+                a[r][b] = cyattn_vloadf(acc + r * as + e0 + b * CYATTN_VW);
         for (j = 0; j < rows; j++) {
-            cyattn_vec wj;
+            cyattn_vec x[NB];
             if (pf_bytes > 0 && j * vs * esz + pf_bytes < end)
                 for (off = 0; off < n * esz; off += 64)
                     cyattn_prefetch_r((const char*)v + j * vs * esz + pf_bytes + off);
-            if (w[j] == 0) continue;
-            wj = cyattn_vset1(w[j]);
-            a0 = cyattn_vfmadd(wj, cyattn_vload(v, j * vs + e0, fmt), a0);
-            a1 = cyattn_vfmadd(wj, cyattn_vload(v, j * vs + e0 + CYATTN_VW, fmt), a1);
-            a2 = cyattn_vfmadd(wj, cyattn_vload(v, j * vs + e0 + 2 * CYATTN_VW, fmt), a2);
-            a3 = cyattn_vfmadd(wj, cyattn_vload(v, j * vs + e0 + 3 * CYATTN_VW, fmt), a3);
+            for (b = 0; b < nb; b++)
+                x[b] = cyattn_vload(v, j * vs + e0 + b * CYATTN_VW, fmt);
+            for (r = 0; r < nq; r++) {
+                float wr = w[r * ws + j];
+                if (wr == 0) continue;
+                for (b = 0; b < nb; b++)
+                    a[r][b] = cyattn_vfmadd(cyattn_vset1(wr), x[b], a[r][b]);
+            }
         }
-        cyattn_vstoref(acc + e0, a0);
-        cyattn_vstoref(acc + e0 + CYATTN_VW, a1);
-        cyattn_vstoref(acc + e0 + 2 * CYATTN_VW, a2);
-        cyattn_vstoref(acc + e0 + 3 * CYATTN_VW, a3);
+        for (r = 0; r < nq; r++)
+            for (b = 0; b < nb; b++)
+                cyattn_vstoref(acc + r * as + e0 + b * CYATTN_VW, a[r][b]);
         pf_bytes = 0;
     }
 #endif
+    (void)off;
+    (void)end;
+    (void)j;
+    (void)r;
+    *e_done = e0;
+}
+
+static inline void cyattn_wsum_rows(float* acc, ptrdiff_t as, const float* w, ptrdiff_t ws,
+                                    ptrdiff_t nq, const void* v, ptrdiff_t rows, ptrdiff_t vs,
+                                    ptrdiff_t n, int fmt, ptrdiff_t pf_bytes) {
+    ptrdiff_t e0 = 0, j, e, off, r;
+    ptrdiff_t esz = fmt == 0 ? 4 : 2;
+    ptrdiff_t end = rows * vs * esz;
+    /* constant row counts, so the compiler keeps the accumulator blocks in registers */
+    switch (nq) {
+    case 1: cyattn_wsum_block(acc, as, w, ws, 1, v, rows, vs, n, fmt, pf_bytes, &e0); break;
+    case 2: cyattn_wsum_block(acc, as, w, ws, 2, v, rows, vs, n, fmt, pf_bytes, &e0); break;
+    case 3: cyattn_wsum_block(acc, as, w, ws, 3, v, rows, vs, n, fmt, pf_bytes, &e0); break;
+    case 4: cyattn_wsum_block(acc, as, w, ws, 4, v, rows, vs, n, fmt, pf_bytes, &e0); break;
+    default: break;                    /* more rows: all elements row by row below */
+    }
+    if (e0 > 0) pf_bytes = 0;
     for (j = 0; j < rows; j++) {           /* the rest of the elements, row by row */
-        float wj = w[j];
         if (pf_bytes > 0 && j * vs * esz + pf_bytes < end)
             for (off = 0; off < n * esz; off += 64)
                 cyattn_prefetch_r((const char*)v + j * vs * esz + pf_bytes + off);
-        if (wj == 0) continue;
-        for (e = e0; e < n; e++)
-            acc[e] += wj * cyattn_widen1(v, j * vs + e, fmt);
+        for (r = 0; r < nq; r++) {
+            float wj = w[r * ws + j];
+            if (wj == 0) continue;
+            for (e = e0; e < n; e++)
+                acc[r * as + e] = CYATTN_MADD(wj, cyattn_widen1(v, j * vs + e, fmt),
+                                              acc[r * as + e]);
+        }
     }
+}
+
+/* ---- decode: scores of a few query rows against a run of key rows --------------------- */
+/* scores[r * ss + j] = scale * dot(q[r * qs + 0:n], k[j * ks + 0:n]) for the nq query rows r
+   and the key rows j = 0 .. rows-1, with k of float32 (fmt 0) or 16-bit elements of format fmt
+   (widened in registers as cyattn_half_to_float does). Each dot is that of the decode
+   kernels' dot_lanes: 32 lane-wise partial sums (a fused multiply-add each where the module is
+   built with FMA, as gcc contracts `part += a * b` there), combined pairwise (lane l with
+   l + 16, then + 8, + 4, + 2, + 1: the tree of lanes_sum), plus the tail's sum taken in
+   element order: the same bits. The trees of a group of keys are taken together in vector
+   registers (the scalar trees through memory were about half of a float32 decode step), and
+   a group's key rows are loaded once per query row from L1. pf_bytes > 0: prefetch each key
+   row that far ahead; past the last key row, the first rows of v (row stride vs, nv elements)
+   are prefetched instead, for the value pass that follows. */
+#if defined(__AVX512F__) && CYATTN_HAVE_F16C
+/* 32 partial sums in two registers -> four dots: x[i] holds lanes 0-15 + lanes 16-31 of key i */
+static inline __m128 cyattn_tree4(__m512 x0, __m512 x1, __m512 x2, __m512 x3) {
+    /* + 8: [x0 lo256 | x1 lo256] + [x0 hi256 | x1 hi256] */
+    __m512 a = _mm512_add_ps(_mm512_shuffle_f32x4(x0, x1, 0x44), _mm512_shuffle_f32x4(x0, x1, 0xee));
+    __m512 b = _mm512_add_ps(_mm512_shuffle_f32x4(x2, x3, 0x44), _mm512_shuffle_f32x4(x2, x3, 0xee));
+    /* + 4: blocks [a0 a1 a2 a3] = [x0 lo, x0 hi, x1 lo, x1 hi] (128 bits each) */
+    __m512 c = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xdd));
+    /* + 2 and + 1 within each 128-bit block: block i holds key i */
+    c = _mm512_add_ps(c, _mm512_permute_ps(c, 0x4e));
+    c = _mm512_add_ps(c, _mm512_permute_ps(c, 0xb1));
+    /* lane 0 of each block */
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(
+        _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), c));
+}
+#define CYATTN_DOT_KEYS 4
+#elif defined(__AVX2__) && defined(__FMA__) && CYATTN_HAVE_F16C
+/* x[i]: lanes 0-7 of key i after the + 16 and + 8 steps */
+static inline __m128 cyattn_tree2(__m256 x0, __m256 x1) {
+    __m256 c = _mm256_add_ps(_mm256_permute2f128_ps(x0, x1, 0x20),
+                             _mm256_permute2f128_ps(x0, x1, 0x31));   /* + 4: [key0 | key1] */
+    c = _mm256_add_ps(c, _mm256_permute_ps(c, 0x4e));
+    c = _mm256_add_ps(c, _mm256_permute_ps(c, 0xb1));
+    return _mm_unpacklo_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));
+}
+#define CYATTN_DOT_KEYS 2
+#endif
+
+CYATTN_INLINE void cyattn_prefetch_rows_ahead(const void* k, ptrdiff_t ks, ptrdiff_t rows,
+                                              ptrdiff_t n, const void* v, ptrdiff_t vs,
+                                              ptrdiff_t nv, ptrdiff_t esz, ptrdiff_t j) {
+    /* key row j (or, past the last key, value row j - rows) if it exists */
+    ptrdiff_t off;
+    if (j < rows) {
+        for (off = 0; off < n * esz; off += 64)
+            cyattn_prefetch_r((const char*)k + j * ks * esz + off);
+    } else if (j - rows < rows) {
+        for (off = 0; off < nv * esz; off += 64)
+            cyattn_prefetch_r((const char*)v + (j - rows) * vs * esz + off);
+    }
+}
+
+static inline void cyattn_dot_rows(float* scores, ptrdiff_t ss, const float* q, ptrdiff_t qs,
+                                   ptrdiff_t nq, const void* k, ptrdiff_t rows, ptrdiff_t ks,
+                                   ptrdiff_t n, int fmt, float scale, const void* v,
+                                   ptrdiff_t vs, ptrdiff_t nv, ptrdiff_t pf_bytes) {
+    ptrdiff_t j = 0, e, i, r;
+    ptrdiff_t esz = fmt == 0 ? 4 : 2;
+    ptrdiff_t pf = pf_bytes > 0 ? pf_bytes / esz / (n > 0 ? n : 1) + 1 : -1;
+#if defined(CYATTN_DOT_KEYS) && CYATTN_DOT_KEYS == 4
+    for (; j + 4 <= rows; j += 4) {
+        if (pf > 0)
+            for (i = 0; i < 4; i++)
+                cyattn_prefetch_rows_ahead(k, ks, rows, n, v, vs, nv, esz, j + i + pf);
+        for (r = 0; r < nq; r++) {         /* the 4 key rows stay in L1 across the query rows */
+            const float* qr = q + r * qs;
+            __m512 lo0 = _mm512_setzero_ps(), lo1 = lo0, lo2 = lo0, lo3 = lo0;   /* lanes 0-15 */
+            __m512 hi0 = lo0, hi1 = lo0, hi2 = lo0, hi3 = lo0;                    /* 16-31 */
+            float t[4] = {0, 0, 0, 0};
+            for (e = 0; e + 32 <= n; e += 32) {
+                __m512 qa = _mm512_loadu_ps(qr + e), qb = _mm512_loadu_ps(qr + e + 16);
+                lo0 = _mm512_fmadd_ps(qa, cyattn_vload(k, j * ks + e, fmt), lo0);
+                hi0 = _mm512_fmadd_ps(qb, cyattn_vload(k, j * ks + e + 16, fmt), hi0);
+                lo1 = _mm512_fmadd_ps(qa, cyattn_vload(k, (j + 1) * ks + e, fmt), lo1);
+                hi1 = _mm512_fmadd_ps(qb, cyattn_vload(k, (j + 1) * ks + e + 16, fmt), hi1);
+                lo2 = _mm512_fmadd_ps(qa, cyattn_vload(k, (j + 2) * ks + e, fmt), lo2);
+                hi2 = _mm512_fmadd_ps(qb, cyattn_vload(k, (j + 2) * ks + e + 16, fmt), hi2);
+                lo3 = _mm512_fmadd_ps(qa, cyattn_vload(k, (j + 3) * ks + e, fmt), lo3);
+                hi3 = _mm512_fmadd_ps(qb, cyattn_vload(k, (j + 3) * ks + e + 16, fmt), hi3);
+            }
+            for (; e < n; e++)
+                for (i = 0; i < 4; i++)
+                    t[i] = CYATTN_MADD(qr[e], cyattn_widen1(k, (j + i) * ks + e, fmt), t[i]);
+            /* + 16 (lo + hi), the rest of the tree, + tail, * scale */
+            _mm_storeu_ps(scores + r * ss + j, _mm_mul_ps(_mm_set1_ps(scale), _mm_add_ps(
+                cyattn_tree4(_mm512_add_ps(lo0, hi0), _mm512_add_ps(lo1, hi1),
+                             _mm512_add_ps(lo2, hi2), _mm512_add_ps(lo3, hi3)),
+                _mm_loadu_ps(t))));
+        }
+    }
+#elif defined(CYATTN_DOT_KEYS) && CYATTN_DOT_KEYS == 2
+    for (; j + 2 <= rows; j += 2) {
+        if (pf > 0)
+            for (i = 0; i < 2; i++)
+                cyattn_prefetch_rows_ahead(k, ks, rows, n, v, vs, nv, esz, j + i + pf);
+        for (r = 0; r < nq; r++) {
+            const float* qr = q + r * qs;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;   /* key j: lanes 0-31 */
+            __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;                    /* key j + 1 */
+            float t[4] = {0, 0, 0, 0};
+            __m128 d;
+            for (e = 0; e + 32 <= n; e += 32) {
+                __m256 x0 = _mm256_loadu_ps(qr + e), x1 = _mm256_loadu_ps(qr + e + 8);
+                __m256 x2 = _mm256_loadu_ps(qr + e + 16), x3 = _mm256_loadu_ps(qr + e + 24);
+                a0 = _mm256_fmadd_ps(x0, cyattn_vload(k, j * ks + e, fmt), a0);
+                a1 = _mm256_fmadd_ps(x1, cyattn_vload(k, j * ks + e + 8, fmt), a1);
+                a2 = _mm256_fmadd_ps(x2, cyattn_vload(k, j * ks + e + 16, fmt), a2);
+                a3 = _mm256_fmadd_ps(x3, cyattn_vload(k, j * ks + e + 24, fmt), a3);
+                b0 = _mm256_fmadd_ps(x0, cyattn_vload(k, (j + 1) * ks + e, fmt), b0);
+                b1 = _mm256_fmadd_ps(x1, cyattn_vload(k, (j + 1) * ks + e + 8, fmt), b1);
+                b2 = _mm256_fmadd_ps(x2, cyattn_vload(k, (j + 1) * ks + e + 16, fmt), b2);
+                b3 = _mm256_fmadd_ps(x3, cyattn_vload(k, (j + 1) * ks + e + 24, fmt), b3);
+            }
+            for (; e < n; e++)
+                for (i = 0; i < 2; i++)
+                    t[i] = CYATTN_MADD(qr[e], cyattn_widen1(k, (j + i) * ks + e, fmt), t[i]);
+            /* + 16: lanes l and l + 16; + 8: lanes l and l + 8; then the rest of the tree */
+            d = cyattn_tree2(_mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3)),
+                             _mm256_add_ps(_mm256_add_ps(b0, b2), _mm256_add_ps(b1, b3)));
+            d = _mm_add_ps(d, _mm_loadu_ps(t));
+            scores[r * ss + j] = scale * _mm_cvtss_f32(d);
+            scores[r * ss + j + 1] = scale * _mm_cvtss_f32(_mm_shuffle_ps(d, d, 0x55));
+        }
+    }
+#endif
+    for (; j < rows; j++) {                /* the rest of the keys, one at a time */
+        if (pf > 0)
+            cyattn_prefetch_rows_ahead(k, ks, rows, n, v, vs, nv, esz, j + pf);
+        for (r = 0; r < nq; r++) {
+            const float* qr = q + r * qs;
+            float part[32], t = 0;
+            ptrdiff_t l;
+            for (l = 0; l < 32; l++)
+                part[l] = 0;
+            for (e = 0; e + 32 <= n; e += 32)
+                for (l = 0; l < 32; l++)
+                    part[l] = CYATTN_MADD(qr[e + l], cyattn_widen1(k, j * ks + e + l, fmt),
+                                          part[l]);
+            for (; e < n; e++)
+                t = CYATTN_MADD(qr[e], cyattn_widen1(k, j * ks + e, fmt), t);
+            for (l = 0; l < 16; l++) part[l] += part[l + 16];
+            for (l = 0; l < 8; l++) part[l] += part[l + 8];
+            for (l = 0; l < 4; l++) part[l] += part[l + 4];
+            for (l = 0; l < 2; l++) part[l] += part[l + 2];
+            scores[r * ss + j] = scale * (part[0] + part[1] + t);
+        }
+    }
+    (void)i;
 }
 
 #endif /* CYATTN_SUPPORT_H */

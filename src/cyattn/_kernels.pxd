@@ -20,8 +20,13 @@ cdef extern from "_cyattn_support.h" nogil:
     int CYATTN_HALF_F16
     int CYATTN_HALF_BF16
     void cyattn_half_to_float(const uint16_t* src, float* dst, Py_ssize_t n, int fmt)
-    void cyattn_wsum_rows(float* acc, const float* w, const void* v, Py_ssize_t rows,
+    void cyattn_wsum_rows(float* acc, Py_ssize_t acc_stride, const float* w,
+                          Py_ssize_t w_stride, Py_ssize_t nq, const void* v, Py_ssize_t rows,
                           Py_ssize_t vs, Py_ssize_t n, int fmt, Py_ssize_t pf_bytes)
+    void cyattn_dot_rows(float* scores, Py_ssize_t scores_stride, const float* q,
+                         Py_ssize_t q_stride, Py_ssize_t nq, const void* k, Py_ssize_t rows,
+                         Py_ssize_t ks, Py_ssize_t n, int fmt, float scale, const void* v,
+                         Py_ssize_t vs, Py_ssize_t nv, Py_ssize_t pf_bytes)
     int cyattn_cpu_features()
     int cyattn_openmp_enabled()
     int cyattn_omp_max_threads()
