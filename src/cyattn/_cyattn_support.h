@@ -233,7 +233,9 @@ typedef __m512 cyattn_vec;
 #define cyattn_vloadf _mm512_loadu_ps
 #define cyattn_vstoref _mm512_storeu_ps
 #define cyattn_vset1 _mm512_set1_ps
-#define cyattn_vfmadd _mm512_fmadd_ps
+/* a + w * x where w != 0 (or NaN), else a unchanged (w: a broadcast weight) */
+#define cyattn_vfmadd_nz(w, x, a) \
+    _mm512_mask3_fmadd_ps((w), (x), (a), _mm512_cmp_ps_mask((w), _mm512_setzero_ps(), _CMP_NEQ_UQ))
 static inline __m512 cyattn_vload(const void* v, ptrdiff_t i, int fmt) {
     if (fmt == 0) return _mm512_loadu_ps((const float*)v + i);
     if (fmt == CYATTN_HALF_F16)
@@ -247,7 +249,8 @@ typedef __m256 cyattn_vec;
 #define cyattn_vloadf _mm256_loadu_ps
 #define cyattn_vstoref _mm256_storeu_ps
 #define cyattn_vset1 _mm256_set1_ps
-#define cyattn_vfmadd _mm256_fmadd_ps
+#define cyattn_vfmadd_nz(w, x, a) _mm256_blendv_ps((a), _mm256_fmadd_ps((w), (x), (a)), \
+                                                   _mm256_cmp_ps((w), _mm256_setzero_ps(), _CMP_NEQ_UQ))
 static inline __m256 cyattn_vload(const void* v, ptrdiff_t i, int fmt) {
     if (fmt == 0) return _mm256_loadu_ps((const float*)v + i);
     if (fmt == CYATTN_HALF_F16)
@@ -283,11 +286,10 @@ CYATTN_INLINE void cyattn_wsum_block(
                     cyattn_prefetch_r((const char*)v + j * vs * esz + pf_bytes + off);
             for (b = 0; b < nb; b++)
                 x[b] = cyattn_vload(v, j * vs + e0 + b * CYATTN_VW, fmt);
-            for (r = 0; r < nq; r++) {
-                float wr = w[r * ws + j];
-                if (wr == 0) continue;
+            for (r = 0; r < nq; r++) {     /* branch-free: a zero weight keeps a as it is */
+                cyattn_vec wr = cyattn_vset1(w[r * ws + j]);
                 for (b = 0; b < nb; b++)
-                    a[r][b] = cyattn_vfmadd(cyattn_vset1(wr), x[b], a[r][b]);
+                    a[r][b] = cyattn_vfmadd_nz(wr, x[b], a[r][b]);
             }
         }
         for (r = 0; r < nq; r++)
@@ -317,6 +319,7 @@ static inline void cyattn_wsum_rows(float* acc, ptrdiff_t as, const float* w, pt
     case 4: cyattn_wsum_block(acc, as, w, ws, 4, v, rows, vs, n, fmt, pf_bytes, &e0); break;
     default: break;                    /* more rows: all elements row by row below */
     }
+    if (e0 >= n) return;
     if (e0 > 0) pf_bytes = 0;
     for (j = 0; j < rows; j++) {           /* the rest of the elements, row by row */
         if (pf_bytes > 0 && j * vs * esz + pf_bytes < end)
