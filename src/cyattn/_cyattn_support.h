@@ -192,6 +192,72 @@ static inline void cyattn_half_to_float(const uint16_t* src, float* dst, ptrdiff
     }
 }
 
+/* float32 bits -> binary16 bits, rounded to nearest even, as NumPy's astype(float16) does:
+   overflow (|x| >= 65520) gives inf, values below 2^-14 round to subnormals (2^-25 and below
+   to zero), inf stays inf, NaN keeps its sign and top 10 significand bits (made nonzero so it
+   stays a NaN). Integer operations only. */
+static inline uint32_t cyattn_f32_bits_to_f16_bits(uint32_t f) {
+    uint32_t sign = (f >> 16) & 0x8000u;
+    uint32_t a = f & 0x7fffffffu;
+    uint32_t r, e, m, shift, q, rem, half;
+    if (a >= 0x7f800000u) {
+        if (a == 0x7f800000u) return sign | 0x7c00u;
+        r = 0x7c00u + ((a & 0x7fffffu) >> 13);
+        return sign | (r == 0x7c00u ? 0x7c01u : r);
+    }
+    if (a >= 0x477ff000u) return sign | 0x7c00u;          /* rounds to 65536 or more */
+    if (a >= 0x38800000u) {                                /* a normal binary16 */
+        r = a - 0x38000000u;                               /* exponent rebiased by -112 */
+        r += 0xfffu + ((r >> 13) & 1u);                    /* nearest even at bit 13 */
+        return sign | (r >> 13);
+    }
+    if (a <= 0x33000000u) return sign;                     /* <= 2^-25: zero (a tie is even) */
+    e = a >> 23;                                           /* 102 .. 112 */
+    m = (a & 0x7fffffu) | 0x800000u;
+    shift = 126u - e;                                      /* x * 2^24 = m / 2^shift */
+    q = m >> shift;
+    rem = m & ((1u << shift) - 1u);
+    half = 1u << (shift - 1u);
+    q += (rem > half || (rem == half && (q & 1u))) ? 1u : 0u;
+    return sign | q;                                       /* 0x400: rounded up to 2^-14 */
+}
+
+/* float32 bits -> bfloat16 bits, rounded to nearest even, as ml_dtypes' astype(bfloat16):
+   NaN becomes the quiet NaN 0x7fc0 with the sign kept. */
+static inline uint32_t cyattn_f32_bits_to_bf16_bits(uint32_t f) {
+    if ((f & 0x7fffffffu) > 0x7f800000u) return ((f >> 16) & 0x8000u) | 0x7fc0u;
+    return (f + 0x7fffu + ((f >> 16) & 1u)) >> 16;
+}
+
+/* dst[0:n] = src[0:n] rounded to the 16-bit format fmt (CYATTN_HALF_F16 / CYATTN_HALF_BF16),
+   once, to nearest even, as NumPy / ml_dtypes round (binary16 with F16C: the conversion
+   instruction, which gives the same bits except that it quiets a signalling NaN). */
+static inline void cyattn_float_to_half(const float* src, uint16_t* dst, ptrdiff_t n, int fmt) {
+    ptrdiff_t i = 0;
+    uint32_t b;
+    if (fmt == CYATTN_HALF_BF16) {
+        for (; i < n; i++) {
+            memcpy(&b, src + i, 4);
+            dst[i] = (uint16_t)cyattn_f32_bits_to_bf16_bits(b);
+        }
+        return;
+    }
+#if CYATTN_HAVE_F16C && defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i*)(dst + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+#if CYATTN_HAVE_F16C
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i*)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < n; i++) {
+        memcpy(&b, src + i, 4);
+        dst[i] = (uint16_t)cyattn_f32_bits_to_f16_bits(b);
+    }
+}
+
 /* ---- decode: weighted sum of value rows ------------------------------------------------ */
 /* For each of nq query rows r: acc[r * as + 0:n] += w[r * ws + j] * v[j * vs + 0:n] for rows
    j = 0 .. rows-1 in order, skipping the rows with w[r * ws + j] == 0 (so a masked key's

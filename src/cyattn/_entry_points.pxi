@@ -75,6 +75,82 @@ def half_to_float32(x, out, int fmt):
         PyBuffer_Release(&xv)
 
 
+def float32_to_half(x, out, int fmt):
+    """out = x rounded to float16 (fmt 1) or bfloat16 (fmt 2) bit patterns with the kernels'
+    conversion (tests): x a 1-D C-contiguous float32 array, out uint16 of x's size."""
+    cdef Py_buffer xv, ov
+    cdef char* xp = _buf(x, &xv, False)
+    cdef char* op
+    cdef Py_ssize_t n = xv.len // 4
+    try:
+        op = _buf(out, &ov, True)
+        try:
+            if (fmt != CYATTN_HALF_F16 and fmt != CYATTN_HALF_BF16) or xv.itemsize != 4 \
+                    or ov.itemsize != 2 or ov.len != 2 * n:
+                raise ValueError("float32_to_half: float32 x, uint16 out of its size, fmt 1 or 2")
+            with nogil:
+                cyattn_float_to_half(<const float*>xp, <uint16_t*>op, n, fmt)
+        finally:
+            PyBuffer_Release(&ov)
+    finally:
+        PyBuffer_Release(&xv)
+
+
+def softmax_rows_half(x, out, int x_fmt, int out_fmt, bmask, amask, int a_fmt,
+                      Py_ssize_t b_rs, Py_ssize_t b_cs, Py_ssize_t a_rs, Py_ssize_t a_cs,
+                      bint log_out, int n_threads):
+    """Row softmax in float32 of C-contiguous 2-D x into C-contiguous 2-D out of x's shape,
+    either of them 16-bit (x_fmt / out_fmt: 1 float16, 2 bfloat16, as uint16 arrays) or
+    float32 (fmt 0), with at least one 16-bit: each row is widened as it is read and rounded
+    once as it is written (softmax_row_tasks_half). bmask: None or uint8 (True = keep); amask: None,
+    float32 (a_fmt 0) or 16-bit (a_fmt); each addressed from its first element with element
+    strides (b_rs, b_cs) / (a_rs, a_cs)."""
+    cdef Py_buffer xv, ov, bv, av
+    cdef char* xp
+    cdef char* op
+    cdef const uint8_t* bp = NULL
+    cdef char* ap = NULL
+    cdef Py_ssize_t rows, n
+    cdef int failed = 0
+    if not (0 <= x_fmt <= 2 and 0 <= out_fmt <= 2 and 0 <= a_fmt <= 2 and (x_fmt or out_fmt)):
+        raise ValueError("softmax_rows_half: formats 0 (float32), 1 or 2, one of x/out 16-bit")
+    xp = _buf(x, &xv, False)
+    try:
+        op = _buf(out, &ov, True)
+        try:
+            if (xv.ndim != 2 or ov.ndim != 2 or xv.shape[0] != ov.shape[0]
+                    or xv.shape[1] != ov.shape[1] or xv.itemsize != (2 if x_fmt else 4)
+                    or ov.itemsize != (2 if out_fmt else 4)):
+                raise ValueError("softmax_rows_half: 2-D x and out of one shape and the "
+                                 "item sizes of their formats")
+            rows = xv.shape[0]
+            n = xv.shape[1]
+            if bmask is not None:
+                bp = <const uint8_t*>_buf(bmask, &bv, False)
+            try:
+                if amask is not None:
+                    ap = _buf(amask, &av, False)
+                try:
+                    if amask is not None and av.itemsize != (2 if a_fmt else 4):
+                        raise ValueError("softmax_rows_half: amask's item size is not its format's")
+                    with nogil:
+                        failed = softmax_row_tasks_half(xp, x_fmt, op, out_fmt, rows, n, bp,
+                                                        b_rs, b_cs, ap, a_fmt, a_rs, a_cs,
+                                                        log_out, n_threads)
+                finally:
+                    if amask is not None:
+                        PyBuffer_Release(&av)
+            finally:
+                if bmask is not None:
+                    PyBuffer_Release(&bv)
+        finally:
+            PyBuffer_Release(&ov)
+    finally:
+        PyBuffer_Release(&xv)
+    if failed:
+        raise MemoryError("cyattn.softmax: could not allocate a row buffer")
+
+
 def softmax_rows(x, out, bmask, amask, Py_ssize_t b_rs, Py_ssize_t b_cs,
                  Py_ssize_t a_rs, Py_ssize_t a_cs, bint log_out, int n_threads):
     """Row softmax of C-contiguous 2-D x into C-contiguous out (same shape and dtype).

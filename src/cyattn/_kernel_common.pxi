@@ -25,7 +25,8 @@ from cython.parallel cimport prange, parallel
 
 from ._kernels cimport (cyattn_cpu_features, cyattn_openmp_enabled, cyattn_omp_max_threads,
                         cyattn_omp_num_procs, cyattn_omp_pause, cyattn_prefetch_w,
-                        cyattn_prefetch_r, cyattn_half_to_float, cyattn_wsum_rows, cyattn_dot_rows,
+                        cyattn_prefetch_r, cyattn_half_to_float, cyattn_float_to_half, cyattn_widen1,
+                        cyattn_wsum_rows, cyattn_dot_rows,
                         CYATTN_HALF_F16,
                         CYATTN_HALF_BF16)
 

@@ -20,6 +20,8 @@ cdef extern from "_cyattn_support.h" nogil:
     int CYATTN_HALF_F16
     int CYATTN_HALF_BF16
     void cyattn_half_to_float(const uint16_t* src, float* dst, Py_ssize_t n, int fmt)
+    void cyattn_float_to_half(const float* src, uint16_t* dst, Py_ssize_t n, int fmt)
+    float cyattn_widen1(const void* v, Py_ssize_t i, int fmt)
     void cyattn_wsum_rows(float* acc, Py_ssize_t acc_stride, const float* w,
                           Py_ssize_t w_stride, Py_ssize_t nq, const void* v, Py_ssize_t rows,
                           Py_ssize_t vs, Py_ssize_t n, int fmt, Py_ssize_t pf_bytes)

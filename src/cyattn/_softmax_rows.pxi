@@ -409,3 +409,66 @@ cdef void softmax_row_tasks(const floating* x, floating* y, Py_ssize_t rows, Py_
     for r in prange(rows, num_threads=n_threads, schedule='static'):
         softmax_row(x + r * n, y + r * n, n, bmask + r * b_rs if bmask != NULL else NULL,
                     b_cs, amask + r * a_rs if amask != NULL else NULL, a_cs, log_out, direct)
+
+
+cdef void softmax_row_half(const char* x, int x_fmt, char* y, int y_fmt, Py_ssize_t n,
+                           const uint8_t* bmask, Py_ssize_t b_cs,
+                           const char* amask, int a_fmt, Py_ssize_t a_cs,
+                           bint log_out, float* row, float* mrow) noexcept nogil:
+    """One row of softmax_row_tasks_half, in the float32 row `row` (and `mrow` for a 16-bit mask)."""
+    cdef Py_ssize_t j
+    cdef const float* am = NULL
+    if x_fmt != 0:
+        cyattn_half_to_float(<const uint16_t*>x, row, n, x_fmt)
+    else:
+        memcpy(row, x, n * sizeof(float))
+    if amask != NULL:
+        if a_fmt != 0:
+            for j in range(n):
+                mrow[j] = cyattn_widen1(amask, j * a_cs, a_fmt)
+            am = mrow
+        else:
+            am = <const float*>amask
+    if bmask != NULL or am != NULL:
+        row_mask_inplace(row, n, bmask, b_cs, am, 1 if a_fmt != 0 else a_cs)
+    softmax_inplace(row, n, log_out)
+    if y_fmt != 0:
+        cyattn_float_to_half(row, <uint16_t*>y, n, y_fmt)
+    else:
+        memcpy(y, row, n * sizeof(float))
+
+
+cdef int softmax_row_tasks_half(const char* x, int x_fmt, char* y, int y_fmt, Py_ssize_t rows,
+                           Py_ssize_t n, const uint8_t* bmask, Py_ssize_t b_rs, Py_ssize_t b_cs,
+                           const char* amask, int a_fmt, Py_ssize_t a_rs, Py_ssize_t a_cs,
+                           bint log_out, int n_threads) noexcept nogil:
+    """Row (log-)softmax of C-contiguous rows of float32 or 16-bit elements (x_fmt: 0 or the
+    half format) into C-contiguous rows of float32 or 16-bit elements (y_fmt), computed in
+    float32 one row at a time in a per-thread row: each row is widened as it is read, masked
+    (bmask as in softmax_rows; amask of float32 or 16-bit elements, a_fmt), normalised as
+    softmax_inplace does and rounded once, to nearest even, as it is written. The bits of the
+    float32 call on the widened inputs followed by astype; no float32 copy of x, the mask or
+    the result. Returns 1 if a thread's row buffer could not be allocated (y then undefined)."""
+    cdef Py_ssize_t r
+    cdef Py_ssize_t xs = n * (2 if x_fmt != 0 else 4)
+    cdef Py_ssize_t ys = n * (2 if y_fmt != 0 else 4)
+    cdef Py_ssize_t msz = 2 if a_fmt != 0 else 4
+    cdef int status[1]                  # written through a pointer: shared across the threads
+    cdef void* raw = NULL
+    cdef float* row = NULL
+    status[0] = 0
+    with parallel(num_threads=n_threads):
+        raw = malloc(<size_t>(2 * n + 16) * sizeof(float) + ALIGN)
+        row = NULL
+        if raw == NULL:
+            status[0] = 1
+        else:
+            row = <float*>align_ptr(raw)
+        for r in prange(rows, schedule='static'):
+            if raw != NULL:
+                softmax_row_half(x + r * xs, x_fmt, y + r * ys, y_fmt, n,
+                                 bmask + r * b_rs if bmask != NULL else NULL, b_cs,
+                                 amask + r * a_rs * msz if amask != NULL else NULL, a_fmt,
+                                 a_cs, log_out, row, row + n + 16)
+        free(raw)
+    return status[0]

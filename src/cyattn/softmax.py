@@ -27,6 +27,9 @@ def _softmax(fname, x, axis, mask, out, log_out, n_threads=None):
         raise ValueError(f"{fname}: x must have at least 1 dimension, got a 0-d array")
     compute, result = V.float_dtypes(x)
     ax = V.normalize_axis(axis, x.ndim, fname)
+    x_fmt = V.half_format(x, compute)
+    if x_fmt:
+        return _softmax_half(fname, x, x_fmt, ax, mask, out, log_out, n_threads)
     kind, marr = V.prepare_mask(mask, "mask", fname, compute)
     if kind:
         marr = V.broadcast_mask(marr, x.shape, "mask", fname)
@@ -63,6 +66,58 @@ def _softmax(fname, x, axis, mask, out, log_out, n_threads=None):
         res = np.moveaxis(res, -1, ax)
     if out is None:
         return V.to_result(res, result)
+    V.copy_result(out, res)
+    return out
+
+
+def _softmax_half(fname, x, x_fmt, ax, mask, out, log_out, n_threads):
+    """float16 / bfloat16 x: the kernel widens each row as it reads it, computes in float32 in
+    a per-thread row and rounds the result once as it writes it (a 16-bit mask is read the same
+    way): no float32 copy of x, the mask or the result."""
+    a_fmt = 0
+    marr = None
+    if mask is not None:
+        m = mask if isinstance(mask, np.ndarray) else np.asarray(mask)
+        a_fmt = V.half_format(m, np.dtype(np.float32))
+        if a_fmt:
+            marr = V.kernel_ready(m, m.dtype)
+            kind = 2
+    if not a_fmt:
+        kind, marr = V.prepare_mask(mask, "mask", fname, np.dtype(np.float32))
+    if kind:
+        marr = V.broadcast_mask(marr, x.shape, "mask", fname)
+    if out is not None:
+        V.check_out(out, x.shape, x.dtype, fname)
+    n = x.shape[ax]
+    rows = x.size // n if n else 0
+    last = ax == x.ndim - 1
+    moved = x if last else np.moveaxis(x, ax, -1)
+    if out is not None and last and V.writes_in_place(out, x.dtype, (x, mask)):
+        res = out
+    else:
+        res = np.empty(moved.shape, dtype=x.dtype)
+    if rows and n:
+        xc = V.kernel_ready(np.ascontiguousarray(moved), x.dtype)
+        bm = am = None
+        b_rs = b_cs = a_rs = a_cs = 0
+        if kind:
+            m2 = (marr if last else np.moveaxis(marr, ax, -1)).reshape(rows, n)
+            item = m2.itemsize
+            rs, cs = m2.strides[0] // item, m2.strides[1] // item
+            if kind == 1:
+                bm, b_rs, b_cs = m2, rs, cs
+            else:
+                am, a_rs, a_cs = (m2.view(np.uint16) if a_fmt else m2), rs, cs
+        _backend.kernels.softmax_rows_half(
+            xc.reshape(rows, n).view(np.uint16), res.reshape(rows, n).view(np.uint16), x_fmt,
+            x_fmt, bm, am, a_fmt, b_rs, b_cs, a_rs, a_cs, log_out,
+            V.threads_for_work(V.resolve_threads(n_threads, fname), rows * n, 1 << 15))
+    if res is out:
+        return out
+    if not last:
+        res = np.moveaxis(res, -1, ax)
+    if out is None:
+        return res
     V.copy_result(out, res)
     return out
 
