@@ -14,19 +14,9 @@ import pytest
 
 import cyattn
 from cyattn import _backend
+from test_half_kv import FMT, HALF
 
 
-def _half_dtypes():
-    dtypes = [np.dtype(np.float16)]
-    try:
-        import ml_dtypes
-    except ImportError:
-        return dtypes
-    return dtypes + [np.dtype(ml_dtypes.bfloat16)]
-
-
-HALF = _half_dtypes()
-FMT = {"float16": 1, "bfloat16": 2}
 
 
 def _bits(a):

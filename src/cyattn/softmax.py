@@ -21,6 +21,18 @@ def _fast_call(x, axis, mask, out, log_out, n_threads=None):
     return _backend.kernels.softmax_fast(x, out, log_out, V.fast_threads(n_threads), _empty)
 
 
+def _row_masks(kind, marr, ax, last, rows, n):
+    """(bmask, amask, b_rs, b_cs, a_rs, a_cs) for the row kernels: the broadcast mask with the
+    softmax axis last, as (rows, n) with element strides (None and zeros for no mask)."""
+    if not kind:
+        return None, None, 0, 0, 0, 0
+    m2 = (marr if last else np.moveaxis(marr, ax, -1)).reshape(rows, n)
+    rs, cs = m2.strides[0] // m2.itemsize, m2.strides[1] // m2.itemsize
+    if kind == 1:
+        return m2, None, rs, cs, 0, 0
+    return None, m2, 0, 0, rs, cs
+
+
 def _softmax(fname, x, axis, mask, out, log_out, n_threads=None):
     x = V.as_float_array(x, "x", fname)
     if x.ndim == 0:
@@ -46,16 +58,7 @@ def _softmax(fname, x, axis, mask, out, log_out, n_threads=None):
     if rows and n:
         # the kernel reads x directly: contiguous and aligned (a misaligned buffer is copied)
         xc = V.kernel_ready(np.ascontiguousarray(moved, dtype=compute), compute)
-        bm = am = None
-        b_rs = b_cs = a_rs = a_cs = 0
-        if kind:
-            m2 = (marr if last else np.moveaxis(marr, ax, -1)).reshape(rows, n)
-            item = m2.itemsize
-            rs, cs = m2.strides[0] // item, m2.strides[1] // item
-            if kind == 1:
-                bm, b_rs, b_cs = m2, rs, cs
-            else:
-                am, a_rs, a_cs = m2, rs, cs
+        bm, am, b_rs, b_cs, a_rs, a_cs = _row_masks(kind, marr, ax, last, rows, n)
         _backend.kernels.softmax_rows(xc.reshape(rows, n), res.reshape(rows, n), bm, am,
                              b_rs, b_cs, a_rs, a_cs, log_out,
                              V.threads_for_work(V.resolve_threads(n_threads, fname), rows * n,
@@ -98,16 +101,9 @@ def _softmax_half(fname, x, x_fmt, ax, mask, out, log_out, n_threads):
         res = np.empty(moved.shape, dtype=x.dtype)
     if rows and n:
         xc = V.kernel_ready(np.ascontiguousarray(moved), x.dtype)
-        bm = am = None
-        b_rs = b_cs = a_rs = a_cs = 0
-        if kind:
-            m2 = (marr if last else np.moveaxis(marr, ax, -1)).reshape(rows, n)
-            item = m2.itemsize
-            rs, cs = m2.strides[0] // item, m2.strides[1] // item
-            if kind == 1:
-                bm, b_rs, b_cs = m2, rs, cs
-            else:
-                am, a_rs, a_cs = (m2.view(np.uint16) if a_fmt else m2), rs, cs
+        bm, am, b_rs, b_cs, a_rs, a_cs = _row_masks(kind, marr, ax, last, rows, n)
+        if a_fmt:
+            am = am.view(np.uint16)
         _backend.kernels.softmax_rows_half(
             xc.reshape(rows, n).view(np.uint16), res.reshape(rows, n).view(np.uint16), x_fmt,
             x_fmt, bm, am, a_fmt, b_rs, b_cs, a_rs, a_cs, log_out,
