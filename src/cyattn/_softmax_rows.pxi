@@ -457,6 +457,18 @@ cdef int softmax_row_tasks_half(const char* x, int x_fmt, char* y, int y_fmt, Py
     cdef void* raw = NULL
     cdef float* row = NULL
     status[0] = 0
+    if n_threads <= 1:                  # no OpenMP region for one thread (as softmax_row_tasks)
+        raw = malloc(<size_t>(2 * n + 16) * sizeof(float) + ALIGN)
+        if raw == NULL:
+            return 1
+        row = <float*>align_ptr(raw)
+        for r in range(rows):
+            softmax_row_half(x + r * xs, x_fmt, y + r * ys, y_fmt, n,
+                             bmask + r * b_rs if bmask != NULL else NULL, b_cs,
+                             amask + r * a_rs * msz if amask != NULL else NULL, a_fmt,
+                             a_cs, log_out, row, row + n + 16)
+        free(raw)
+        return 0
     with parallel(num_threads=n_threads):
         raw = malloc(<size_t>(2 * n + 16) * sizeof(float) + ALIGN)
         row = NULL
