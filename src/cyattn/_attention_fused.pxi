@@ -5,7 +5,7 @@
 # Design
 # ------
 # * fused attention (Milakov and Gimelshein 2018; Dao et al. 2022): per task (batch entry, group
-#   of up to QG_DENSE, or QG with a causal mask, query rows) walk the keys in blocks of KB with
+#   of up to QG_DENSE, or QG for heads with E + Ev > 256, query rows) walk the keys in blocks of KB with
 #   an online softmax, transposed:
 #   S^T = K Q^T goes straight into the packed-panel layout (NR query lanes per panel) that
 #   O^T += V^T P^T reads as its B operand, so the weights are never repacked and the column

@@ -278,8 +278,10 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
     cdef int redo_local = 0
     # wide groups only for heads up to 128 + 128: their packed Q^T and O^T (qg x (E + Ev))
     # then stay within 1 MiB of L2, and scratch stays O(input) for wider heads
-    cdef Py_ssize_t qg = (QG_DENSE if not (var.causal or var.has_left or var.has_right)
-                          and E + Ev <= 256 else QG)
+    cdef Py_ssize_t qg = QG_DENSE if E + Ev <= 256 else QG
+    # a causal (upper-limited) task's cost grows with its first row, so threads need more
+    # tasks each to even out; dense tasks all cost the same
+    cdef Py_ssize_t per_thread = 8 if n_threads > 1 and (var.causal or var.has_right) else 2
     cdef Py_ssize_t tasks = batch * ((L + qg - 1) // qg)
     cdef bint decode = (0 < L <= DECODE_MAX_L and batch * S * (E + Ev) >= L * DECODE_MIN_WORK
                         and q_cs == 1 and k_cs == 1 and v_cs == 1)
@@ -292,7 +294,7 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
         tasks = batch * ((S + DECODE_CHUNK - 1) // DECODE_CHUNK)
     # Smaller query groups when there are too few tasks to keep the threads busy (every row
     # is computed the same way in any group).
-    while not decode and qg > 64 and tasks < 2 * n_threads:
+    while not decode and qg > 64 and tasks < per_thread * n_threads:
         qg //= 2
         tasks = batch * ((L + qg - 1) // qg)
     if n_threads > tasks:

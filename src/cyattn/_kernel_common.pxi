@@ -85,10 +85,12 @@ cdef enum:
     KC = 256          # depth of a packed panel
     QB = 64           # query rows per block of the two-pass (fallback) attention path
     KB = 256          # keys per block of the fused attention (score tile qg x KB)
-    QG = 256          # query rows per causal fused attention task (halved down to 64 for
-    #                   parallelism); smaller tasks keep a causal mask's uneven work balanced
-    QG_DENSE = 1024   # the same without a causal mask and E + Ev <= 256: K and V are packed
-    #                   once per task, so bigger groups pack them less often (+5-13 %)
+    QG = 256          # query rows per fused attention task when E + Ev > 256 (halved down
+    #                   to 64 for parallelism)
+    QG_DENSE = 1024   # the same for E + Ev <= 256: K and V are packed once per task, so
+    #                   bigger groups pack them less often (+5-13 % dense, +5-15 % causal at
+    #                   one thread); with a causal mask and several threads, halved until
+    #                   each thread has 8 tasks, to keep the uneven work balanced
     DECODE_MAX_L = 4  # at most this many query rows take the decode path ...
     DECODE_MIN_WORK = 1024  # ... when batch * S * (E + Ev) >= L * this: the fused path pads
     #                         its query tile to NR rows (up to 32x the work at L = 1) and is
