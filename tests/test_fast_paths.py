@@ -1,7 +1,7 @@
 """The attention kernel's internal paths, each against the float64 NumPy reference:
 
 * the fused online-softmax path over several key blocks (KB = 256 keys) and query groups
-  (up to 1024 rows, 256 with a causal mask, fewer when the threads need more tasks), with
+  (up to 1024 rows, 256 for heads with E + Ev > 256, fewer when the threads need more tasks), with
   causal block skipping in both alignments and bool-mask block skipping;
 * the decode path (L <= 4 unit-stride query rows unless the whole problem is tiny, the keys
   split into fixed chunks of 512);
@@ -114,6 +114,45 @@ def test_fused_strided_inputs(variant, dtype):
     ks = k[..., ::-1, :]
     vs = np.swapaxes(np.ascontiguousarray(np.swapaxes(v, -1, -2)), -1, -2)
     _check(qs, ks, vs, is_causal=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("L, S", [(300, 600), (1, 4097), (3, 1100), (5, 40)],
+                         ids=["fused", "decode", "decode-3", "small"])
+def test_head_interleaved_out_written_in_place(variant, dtype, L, S):
+    """out= as a (B, L, H, Ev) buffer viewed as (B, H, L, Ev), the layout transformers asks
+    for, gets the bits of a C-contiguous call, written by the kernel (no result-sized
+    temporary), with the buffer's other elements untouched; also when rows are redone (inf
+    values). An out that overlaps an input still gets the right result (through a copy)."""
+    import tracemalloc
+    rng = np.random.default_rng(11)
+    B, H, Hk, E, Ev = 2, 4, 2, 24, 20
+    q, k, v = _qkv(rng, B, H, L, S, E, Ev, dtype=dtype, Hk=Hk)
+    v[1, 0, S // 2, 3] = np.inf
+    # the low-overhead path, and the general one (a variant option)
+    for causal, kw in ((False, {}), (True, {}), (True, {"softcap": 5.0, "window": (40, 0)})):
+        ref = sdpa(q, k, v, is_causal=causal, enable_gqa=True, **kw)
+        buf = np.full((B, L, H, Ev + 3), 7.0, dtype=dtype)
+        out = buf[..., :Ev].transpose(0, 2, 1, 3)
+        assert sdpa(q, k, v, is_causal=causal, enable_gqa=True, out=out, n_threads=2,
+                    **kw) is out
+        np.testing.assert_array_equal(out, ref)
+        assert np.all(buf[..., Ev:] == 7.0)
+        tracemalloc.start()
+        try:
+            sdpa(q, k, v, is_causal=causal, enable_gqa=True, out=out, **kw)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        if out.nbytes >= 1 << 16:       # else the call's small bookkeeping dominates
+            assert peak < out.nbytes // 2, (kw, peak)
+    # out overlapping the query: the result is computed from the inputs as they were
+    qb = np.empty((B, L, H, max(E, Ev)), dtype=dtype)
+    qo = qb[..., :E].transpose(0, 2, 1, 3)
+    qo[...] = q
+    ref = sdpa(q, k, v, enable_gqa=True)
+    res = sdpa(qo, k, v, enable_gqa=True, out=qb[..., :Ev].transpose(0, 2, 1, 3))
+    np.testing.assert_array_equal(res, ref)
 
 
 # ------------------------------------------------------------------------------------------

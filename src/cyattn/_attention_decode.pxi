@@ -245,7 +245,8 @@ cdef void decode_chunk(const floating* q, Py_ssize_t q_rs,
 
 
 cdef void decode_merge(const floating* part, Py_ssize_t chunks, Py_ssize_t L, Py_ssize_t Ev,
-                       floating* out, floating* lse, const RowLimits* lim) noexcept nogil:
+                       floating* out, Py_ssize_t o_rs, floating* lse,
+                       const RowLimits* lim) noexcept nogil:
     """Combine the chunks' partial states of one batch entry in chunk order into out and lse
     (the sink merged in; rows past the query length: output 0, lse -inf)."""
     cdef Py_ssize_t r, c, e
@@ -259,7 +260,7 @@ cdef void decode_merge(const floating* part, Py_ssize_t chunks, Py_ssize_t L, Py
             pc = part + (c * L + r) * (Ev + 2)
             m = pc[0] if pc[0] > m else m
         shift = m if m > floor_ else floor_
-        o_row = out + r * Ev
+        o_row = out + r * o_rs
         for e in range(Ev):
             o_row[e] = 0
         total = 0
@@ -338,7 +339,8 @@ cdef int decode_finish(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
                        const void* v, const int64_t* v_off, Py_ssize_t v_rs, int kv_fmt,
                        const uint8_t* bmask, const floating* amask,
                        const int64_t* m_off, Py_ssize_t m_rs, Py_ssize_t m_cs,
-                       floating* out, floating* lse, Py_ssize_t bi,
+                       floating* out, const int64_t* o_off, Py_ssize_t o_rs, floating* lse,
+                       Py_ssize_t bi,
                        Py_ssize_t L, Py_ssize_t S, Py_ssize_t E, Py_ssize_t Ev, floating scale,
                        const AttnVariant* var, const floating* parts,
                        Py_ssize_t chunks) noexcept nogil:
@@ -348,18 +350,19 @@ cdef int decode_finish(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
     cdef RowLimits lim
     cdef Py_ssize_t mo = m_off[bi] if m_off != NULL else 0
     cdef Py_ssize_t r
+    cdef Py_ssize_t ob = o_off[bi] if o_off != NULL else bi * L * o_rs
     row_limits(var, bi, L, S, &lim)
-    decode_merge(parts, chunks, L, Ev, out + bi * L * Ev, lse + bi * L, &lim)
+    decode_merge(parts, chunks, L, Ev, out + ob, o_rs, lse + bi * L, &lim)
     if kv_fmt != 0:
         for r in range(L):
-            if row_nonfinite(out + (bi * L + r) * Ev, lse[bi * L + r], Ev):
+            if row_nonfinite(out + ob + r * o_rs, lse[bi * L + r], Ev):
                 return 2
         return 0
     return redo_nonfinite_rows(q + q_off[bi], q_rs, 1, <const floating*>k + k_off[bi], k_rs, 1,
                                <const floating*>v + v_off[bi], v_rs, 1,
                                bmask + mo if bmask != NULL else NULL,
                                amask + mo if amask != NULL else NULL, m_rs, m_cs,
-                               out + bi * L * Ev, lse + bi * L,
+                               out + ob, o_rs, lse + bi * L,
                                0, L, S, E, Ev, scale, &lim)
 
 
@@ -368,7 +371,7 @@ cdef void decode_attention(const floating* q, const int64_t* q_off, Py_ssize_t q
                            const void* v, const int64_t* v_off, Py_ssize_t v_rs, int kv_fmt,
                            const uint8_t* bmask, const floating* amask,
                            const int64_t* m_off, Py_ssize_t m_rs, Py_ssize_t m_cs,
-                           floating* out, floating* lse,
+                           floating* out, const int64_t* o_off, Py_ssize_t o_rs, floating* lse,
                            Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E,
                            Py_ssize_t Ev, floating scale, const AttnVariant* var,
                            int n_threads, int* status, int* half_redo) noexcept nogil:
@@ -428,7 +431,8 @@ cdef void decode_attention(const floating* q, const int64_t* q_off, Py_ssize_t q
         return
     for bi in prange(batch, num_threads=n_threads, schedule='static'):
         done = decode_finish(q, q_off, q_rs, k, k_off, k_rs, v, v_off, v_rs, kv_fmt, bmask,
-                             amask, m_off, m_rs, m_cs, out, lse, bi, L, S, E, Ev, scale, var,
+                             amask, m_off, m_rs, m_cs, out, o_off, o_rs, lse, bi, L, S, E, Ev,
+                             scale, var,
                              parts + bi * chunks * stride, chunks)
         if done == 1:
             status[0] = 1

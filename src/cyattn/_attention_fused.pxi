@@ -256,7 +256,7 @@ cdef void fused_attention_task(const void* q, Py_ssize_t q_rs, Py_ssize_t q_cs, 
                                const void* v, Py_ssize_t v_rs, Py_ssize_t v_cs, int kv_fmt,
                                const uint8_t* bmask, const floating* amask,
                                Py_ssize_t m_rs, Py_ssize_t m_cs,
-                               floating* out, floating* lse,
+                               floating* out, Py_ssize_t o_rs, floating* lse,
                                Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t S,
                                Py_ssize_t E, Py_ssize_t Ev, floating scale,
                                const RowLimits* lim,
@@ -298,7 +298,7 @@ cdef void fused_attention_task(const void* q, Py_ssize_t q_rs, Py_ssize_t q_cs, 
     live = 0 if live < 0 else live
     for r in range(live, rows):                 # past the query length: output 0, lse -inf
         for e in range(Ev):
-            out[r * Ev + e] = 0
+            out[r * o_rs + e] = 0
         lse[r] = <floating>-CYATTN_INF
     rows = live
     if rows == 0:
@@ -433,7 +433,7 @@ cdef void fused_attention_task(const void* q, Py_ssize_t q_rs, Py_ssize_t q_cs, 
                 ir += mr
         j0 += KB
     for r in range(rows):
-        o_row = out + r * Ev
+        o_row = out + r * o_rs
         sink_merge(lim, row_m[r], row_l[r], &f, &l2, &m2)
         if l2 == 0:                             # fully masked: output 0, lse -inf
             for e in range(Ev):
@@ -456,7 +456,7 @@ cdef int attention_worker(const void* q, const int64_t* q_off, Py_ssize_t q_rs,
                           int kv_fmt,
                           const uint8_t* bmask, const floating* amask, const int64_t* m_off,
                           Py_ssize_t m_rs, Py_ssize_t m_cs,
-                          floating* out, floating* lse,
+                          floating* out, const int64_t* o_off, Py_ssize_t o_rs, floating* lse,
                           Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E,
                           Py_ssize_t Ev, floating scale, const AttnVariant* var,
                           Py_ssize_t qg, bint want_lse, Py_ssize_t first,
@@ -465,7 +465,7 @@ cdef int attention_worker(const void* q, const int64_t* q_off, Py_ssize_t q_rs,
     1 if it cannot be allocated. See fused_attention."""
     cdef Py_ssize_t groups = (L + qg - 1) // qg
     cdef Py_ssize_t ntasks = batch * groups
-    cdef Py_ssize_t t, bi, i0, rows, mo
+    cdef Py_ssize_t t, bi, i0, rows, mo, ob
     cdef RowLimits lim
     cdef Py_ssize_t nr = NR if floating is float else NRD
     cdef Py_ssize_t mr = MR if floating is float else MRD
@@ -518,27 +518,28 @@ cdef int attention_worker(const void* q, const int64_t* q_off, Py_ssize_t q_rs,
         i0 = (t // batch) * qg
         rows = L - i0 if L - i0 < qg else qg
         mo = m_off[bi] if m_off != NULL else 0
+        ob = (o_off[bi] if o_off != NULL else bi * L * o_rs) + i0 * o_rs
         row_limits(var, bi, L, S, &lim)
         fused_attention_task(<const char*>q + q_off[bi] * q_esz, q_rs, q_cs, q_fmt,
                              <const char*>k + k_off[bi] * kv_esz, k_rs, k_cs,
                              <const char*>v + v_off[bi] * kv_esz, v_rs, v_cs, kv_fmt,
                              bmask + mo if bmask != NULL else NULL,
                              amask + mo if amask != NULL else NULL, m_rs, m_cs,
-                             out + (bi * L + i0) * Ev, lse + bi * L + i0,
+                             out + ob, o_rs, lse + bi * L + i0,
                              i0, rows, S, E, Ev, scale, &lim,
                              qt_packed, k_packed, vt_packed, tile, ot, ld_o,
                              row_m, row_m + qlanes, row_m + 2 * qlanes, want_lse, stage)
         if stage != NULL:
             # 16-bit inputs: a non-finite row is redone by the caller on float32 inputs
             for r in range(rows):
-                if row_nonfinite(out + (bi * L + i0 + r) * Ev, lse[bi * L + i0 + r], Ev):
+                if row_nonfinite(out + ob + r * o_rs, lse[bi * L + i0 + r], Ev):
                     half_redo[0] = 1
         elif redo_nonfinite_rows(<const floating*>q + q_off[bi], q_rs, q_cs,
                                <const floating*>k + k_off[bi], k_rs, k_cs,
                                <const floating*>v + v_off[bi], v_rs, v_cs,
                                bmask + mo if bmask != NULL else NULL,
                                amask + mo if amask != NULL else NULL, m_rs, m_cs,
-                               out + (bi * L + i0) * Ev, lse + bi * L + i0,
+                               out + ob, o_rs, lse + bi * L + i0,
                                i0, rows, S, E, Ev, scale, &lim):
             free(raw)
             return 1
@@ -554,7 +555,7 @@ cdef void fused_attention(const void* q, const int64_t* q_off, Py_ssize_t q_rs, 
                          int kv_fmt,
                          const uint8_t* bmask, const floating* amask, const int64_t* m_off,
                          Py_ssize_t m_rs, Py_ssize_t m_cs,
-                         floating* out, floating* lse,
+                         floating* out, const int64_t* o_off, Py_ssize_t o_rs, floating* lse,
                          Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E, Py_ssize_t Ev,
                          floating scale, const AttnVariant* var, Py_ssize_t qg,
                          bint want_lse, int n_threads, int* status,
@@ -575,12 +576,12 @@ cdef void fused_attention(const void* q, const int64_t* q_off, Py_ssize_t q_rs, 
         return
     if n_threads <= 1:
         if attention_worker(q, q_off, q_rs, q_cs, q_fmt, k, k_off, k_rs, k_cs, v, v_off, v_rs,
-                            v_cs, kv_fmt, bmask, amask, m_off, m_rs, m_cs, out, lse, batch, L,
+                            v_cs, kv_fmt, bmask, amask, m_off, m_rs, m_cs, out, o_off, o_rs, lse, batch, L,
                             S, E, Ev, scale, var, qg, want_lse, 0, 1, half_redo):
             status[0] = 1
         return
     for w in prange(n_threads, num_threads=n_threads, schedule='static', chunksize=1):
         if attention_worker(q, q_off, q_rs, q_cs, q_fmt, k, k_off, k_rs, k_cs, v, v_off, v_rs,
-                            v_cs, kv_fmt, bmask, amask, m_off, m_rs, m_cs, out, lse, batch, L,
+                            v_cs, kv_fmt, bmask, amask, m_off, m_rs, m_cs, out, o_off, o_rs, lse, batch, L,
                             S, E, Ev, scale, var, qg, want_lse, w, n_threads, half_redo):
             status[0] = 1

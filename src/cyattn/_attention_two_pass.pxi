@@ -32,14 +32,14 @@ cdef void two_pass_block(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
                          const floating* kt_packed, const floating* v_packed,
                          const uint8_t* bmask, const floating* amask,
                          Py_ssize_t m_rs, Py_ssize_t m_cs,
-                         floating* out, floating* lse,
+                         floating* out, Py_ssize_t o_rs, floating* lse,
                          Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t S,
                          Py_ssize_t E, Py_ssize_t Ev, floating scale,
                          const RowLimits* lim,
                          const floating* v, Py_ssize_t v_rs, Py_ssize_t v_cs, bint v_nonfinite,
                          floating* scores, Py_ssize_t ld_scores,
                          floating* q_packed, floating* p_packed) noexcept nogil:
-    """Rows i0 .. i0+rows of one (batch, head): out rows (stride Ev) and their lse.
+    """Rows i0 .. i0+rows of one (batch, head): out rows (stride o_rs) and their lse.
 
     ``kt_packed`` and ``v_packed`` hold K^T and V of this (batch, head) packed once over all S
     keys. Scores for the block go to ``scores``; each row is masked and turned into its softmax
@@ -96,17 +96,17 @@ cdef void two_pass_block(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
     if s_lim == 0 or Ev == 0:
         for r in range(rows):
             for e in range(Ev):
-                out[r * Ev + e] = 0
+                out[r * o_rs + e] = 0
         return
     if not v_nonfinite:
         pack_a(rows, s_lim, scores, ld_scores, 1, p_packed, mr)
-        gemm_packed(rows, Ev, s_lim, 1, p_packed, s_lim, v_packed, S, out, Ev, 1, True)
+        gemm_packed(rows, Ev, s_lim, 1, p_packed, s_lim, v_packed, S, out, o_rs, 1, True)
         return
     # V holds inf/NaN somewhere: sum only keys with a nonzero weight, so masked (zero-weight)
     # positions are never read into the output.
     for r in range(rows):
         row = scores + r * ld_scores
-        o_row = out + r * Ev
+        o_row = out + r * o_rs
         for e in range(Ev):
             o_row[e] = 0
         for j in range(s_lim):
@@ -129,7 +129,7 @@ cdef int redo_nonfinite_rows(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs
                              const floating* v, Py_ssize_t v_rs, Py_ssize_t v_cs,
                              const uint8_t* bmask, const floating* amask,
                              Py_ssize_t m_rs, Py_ssize_t m_cs,
-                             floating* out, floating* lse,
+                             floating* out, Py_ssize_t o_rs, floating* lse,
                              Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t S,
                              Py_ssize_t E, Py_ssize_t Ev, floating scale,
                              const RowLimits* lim) noexcept nogil:
@@ -140,14 +140,14 @@ cdef int redo_nonfinite_rows(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs
     """
     cdef Py_ssize_t r = 0, run_end
     while r < rows:
-        if not row_nonfinite(out + r * Ev, lse[r], Ev):
+        if not row_nonfinite(out + r * o_rs, lse[r], Ev):
             r += 1
             continue
         run_end = r + 1
-        while run_end < rows and row_nonfinite(out + run_end * Ev, lse[run_end], Ev):
+        while run_end < rows and row_nonfinite(out + run_end * o_rs, lse[run_end], Ev):
             run_end += 1
         if two_pass_rows(q, q_rs, q_cs, k, k_rs, k_cs, v, v_rs, v_cs, bmask, amask,
-                         m_rs, m_cs, out + r * Ev, lse + r, i0 + r, run_end - r,
+                         m_rs, m_cs, out + r * o_rs, o_rs, lse + r, i0 + r, run_end - r,
                          S, E, Ev, scale, lim):
             return 1
         r = run_end
@@ -159,7 +159,7 @@ cdef int two_pass_rows(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
                        const floating* v, Py_ssize_t v_rs, Py_ssize_t v_cs,
                        const uint8_t* bmask, const floating* amask,
                        Py_ssize_t m_rs, Py_ssize_t m_cs,
-                       floating* out, floating* lse,
+                       floating* out, Py_ssize_t o_rs, floating* lse,
                        Py_ssize_t i0, Py_ssize_t rows, Py_ssize_t S,
                        Py_ssize_t E, Py_ssize_t Ev, floating scale,
                        const RowLimits* lim) noexcept nogil:
@@ -202,7 +202,7 @@ cdef int two_pass_rows(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
     while done < rows:
         n = rows - done if rows - done < QB else QB
         two_pass_block(q, q_rs, q_cs, kt_packed, v_packed, bmask, amask, m_rs, m_cs,
-                       out + done * Ev, lse + done, i0 + done, n, S, E, Ev, scale,
+                       out + done * o_rs, o_rs, lse + done, i0 + done, n, S, E, Ev, scale,
                        lim, v, v_rs, v_cs, v_nonfinite,
                        scores, ld_scores, q_packed, p_packed)
         done += n

@@ -255,11 +255,15 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
                        const char* vp, const int64_t* v_off, Py_ssize_t v_rs, Py_ssize_t v_cs,
                        const char* mp, int mask_kind, const int64_t* mo,
                        Py_ssize_t m_rs, Py_ssize_t m_cs,
-                       char* op, char* lp, Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S,
+                       char* op, const int64_t* o_off, Py_ssize_t o_rs, char* lp,
+                       Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S,
                        Py_ssize_t E, Py_ssize_t Ev, double scale, const AttnVariant* var,
                        bint want_lse, int n_threads, int q_fmt=0, int kv_fmt=0,
                        int* half_redo=NULL) noexcept nogil:
     """Pick the attention path and run it; 0, or 1 if scratch could not be allocated.
+
+    Output row r of batch entry bi starts at element o_off[bi] + r * o_rs of op (o_off NULL:
+    bi * L * o_rs), its Ev elements adjacent; lse is C-contiguous (batch, L).
     Without ``want_lse`` the fused path leaves lse holding values that are inf or NaN where
     the true lse would be, not the lse itself (see fused_attention_task).
 
@@ -304,27 +308,27 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
             decode_attention(<const double*>qp, q_off, q_rs, kp, k_off, k_rs, vp, v_off, v_rs, 0,
                              <const uint8_t*>mp if mask_kind == 1 else NULL,
                              <const double*>mp if mask_kind == 2 else NULL,
-                             mo, m_rs, m_cs, <double*>op, <double*>lp,
+                             mo, m_rs, m_cs, <double*>op, o_off, o_rs, <double*>lp,
                              batch, L, S, E, Ev, scale, var, n_threads, &status, half_redo)
         else:
             decode_attention(<const float*>qp, q_off, q_rs, kp, k_off, k_rs, vp, v_off, v_rs,
                              kv_fmt, <const uint8_t*>mp if mask_kind == 1 else NULL,
                              <const float*>mp if mask_kind == 2 else NULL,
-                             mo, m_rs, m_cs, <float*>op, <float*>lp,
+                             mo, m_rs, m_cs, <float*>op, o_off, o_rs, <float*>lp,
                              batch, L, S, E, Ev, <float>scale, var, n_threads, &status,
                              half_redo)
     elif dbl:
         fused_attention(qp, q_off, q_rs, q_cs, 0, kp, k_off, k_rs, k_cs, vp, v_off, v_rs, v_cs, 0,
                         <const uint8_t*>mp if mask_kind == 1 else NULL,
                         <const double*>mp if mask_kind == 2 else NULL,
-                        mo, m_rs, m_cs, <double*>op, <double*>lp,
+                        mo, m_rs, m_cs, <double*>op, o_off, o_rs, <double*>lp,
                         batch, L, S, E, Ev, scale, var, qg, want_lse, n_threads,
                         &status, half_redo)
     else:
         fused_attention(qp, q_off, q_rs, q_cs, q_fmt, kp, k_off, k_rs, k_cs, vp, v_off, v_rs,
                         v_cs, kv_fmt, <const uint8_t*>mp if mask_kind == 1 else NULL,
                         <const float*>mp if mask_kind == 2 else NULL,
-                        mo, m_rs, m_cs, <float*>op, <float*>lp,
+                        mo, m_rs, m_cs, <float*>op, o_off, o_rs, <float*>lp,
                         batch, L, S, E, Ev, <float>scale, var, qg, want_lse,
                         n_threads, &status, half_redo)
     return status
@@ -450,11 +454,14 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
               Py_ssize_t window_left=-1, Py_ssize_t window_right=-1, double softcap=0.0,
               const int64_t[::1] key_len=None, const int64_t[::1] query_len=None,
               const double[::1] slopes=None, const double[::1] sinks=None, int q_fmt=0,
-              int kv_fmt=0):
+              int kv_fmt=0, const int64_t[::1] o_off=None, Py_ssize_t o_rs=-1):
     """Scaled dot-product attention for `batch = len(q_off)` independent (L, S) problems.
 
     q, k, v, mask are addressed by element offsets per batch entry and element strides.
-    out: C-contiguous (batch, L, Ev); lse: C-contiguous (batch, L); both of the data dtype.
+    out: C-contiguous (batch, L, Ev), or with ``o_off`` (element offsets per batch entry) and
+    ``o_rs`` (row stride) rows of Ev adjacent elements anywhere in its buffer (the caller
+    checks that no two share an element); lse: C-contiguous (batch, L); both of the data
+    dtype.
     Without ``want_lse`` lse is scratch and its contents are not the lse.
     mask_kind: 0 none, 1 bool (uint8, True = keep), 2 additive (data dtype).
     Variants (_attention_variants.pxi): window sides (-1 = unbounded, else 0 .. S + L),
@@ -482,6 +489,8 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
     var.query_len = &query_len[0] if query_len is not None and query_len.shape[0] > 0 else NULL
     var.slopes = &slopes[0] if slopes is not None and slopes.shape[0] > 0 else NULL
     var.sinks = &sinks[0] if sinks is not None and sinks.shape[0] > 0 else NULL
+    if o_off is not None and (o_off.shape[0] != q_off.shape[0] or o_rs < 0):
+        raise ValueError("cyattn kernels: o_off needs one offset per batch entry and o_rs >= 0")
     cdef char* qp = _buf(q, &qv, False)
     try:
         kp = _buf(k, &kv, False)
@@ -507,7 +516,9 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
                                 status = attention_run(
                                     qv.itemsize == 8, qp, &q_off[0], q_rs, q_cs,
                                     kp, &k_off[0], k_rs, k_cs, vp, &v_off[0], v_rs, v_cs,
-                                    mp, mask_kind, mo, m_rs, m_cs, op, lp, q_off.shape[0],
+                                    mp, mask_kind, mo, m_rs, m_cs, op,
+                                    &o_off[0] if o_off is not None else NULL,
+                                    o_rs if o_off is not None else Ev, lp, q_off.shape[0],
                                     L, S, E, Ev, scale, &var, want_lse, n_threads, q_fmt,
                                     kv_fmt, &half_redo)
                         finally:
@@ -616,19 +627,38 @@ cdef int _fast_mask_layout(const Py_buffer* mv, int code, const Py_buffer* qv, P
     return kind
 
 
+cdef bint _extent(const Py_buffer* x, uintptr_t* lo, uintptr_t* hi) noexcept:
+    """The bytes [lo, hi) that hold every element of the strided buffer x (any strides, also
+    negative or zero); False if x has no element."""
+    cdef int d
+    lo[0] = <uintptr_t>x.buf
+    hi[0] = <uintptr_t>x.buf + <uintptr_t>x.itemsize
+    for d in range(x.ndim):
+        if x.shape[d] == 0:
+            return False
+        if x.strides[d] < 0:
+            lo[0] -= <uintptr_t>((x.shape[d] - 1) * -x.strides[d])
+        else:
+            hi[0] += <uintptr_t>((x.shape[d] - 1) * x.strides[d])
+    return True
+
+
 cdef bint _disjoint_strided(const Py_buffer* x, const Py_buffer* y) noexcept:
     """True if no byte of the strided buffer x (any strides, also negative or zero) lies in
     the contiguous buffer y."""
-    cdef uintptr_t lo = <uintptr_t>x.buf, hi = <uintptr_t>x.buf + <uintptr_t>x.itemsize
-    cdef int d
-    for d in range(x.ndim):
-        if x.shape[d] == 0:
-            return True
-        if x.strides[d] < 0:
-            lo -= <uintptr_t>((x.shape[d] - 1) * -x.strides[d])
-        else:
-            hi += <uintptr_t>((x.shape[d] - 1) * x.strides[d])
+    cdef uintptr_t lo, hi
+    if not _extent(x, &lo, &hi):
+        return True
     return hi <= <uintptr_t>y.buf or <uintptr_t>y.buf + <uintptr_t>y.len <= lo
+
+
+cdef bint _disjoint_extents(const Py_buffer* x, const Py_buffer* y) noexcept:
+    """True if the byte ranges spanned by the strided buffers x and y do not meet (so no
+    element of one shares a byte with an element of the other)."""
+    cdef uintptr_t xlo, xhi, ylo, yhi
+    if not _extent(x, &xlo, &xhi) or not _extent(y, &ylo, &yhi):
+        return True
+    return xhi <= ylo or yhi <= xlo
 
 
 cdef bint _no_self_overlap(const Py_buffer* o) noexcept:
@@ -698,6 +728,8 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
     cdef Py_buffer qv, kv, vv, mv, ov, lv, rv
     cdef bint have_q = False, have_k = False, have_v = False, have_m = False
     cdef bint have_o = False, have_l = False, have_r = False, o_strided = False
+    cdef bint o_direct = False
+    cdef Py_ssize_t o_rs
     cdef int status = 0, code, d, nd, mask_kind = 0
     cdef Py_ssize_t batch = 1, bi, L, S, E, Ev, work, m_rs = 0, m_cs = 0, hq = 1, group = 1
     cdef Py_ssize_t idx[FAST_MAX_DIMS]
@@ -779,6 +811,14 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
             for d in range(nd):
                 if (d < nd - 1 and ov.shape[d] != qv.shape[d]) or ov.strides[d] % code:
                     return None
+            # rows of adjacent elements apart from every input (a head-interleaved
+            # (B, L, H, Ev) buffer viewed as (B, H, L, Ev), as transformers wants it): the
+            # kernel writes them in place, without the copy
+            o_direct = (ov.strides[nd - 1] == code
+                        and (ov.strides[nd - 2] >= Ev * code or ov.shape[nd - 2] == 1)
+                        and _disjoint_extents(&qv, &ov) and _disjoint_extents(&kv, &ov)
+                        and _disjoint_extents(&vv, &ov)
+                        and (not have_m or _disjoint_extents(&mv, &ov)))
         for d in range(nd):
             m_st[d] = 0
         if have_m:
@@ -831,7 +871,10 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
             n_threads = <int>(work if work > 0 else 1)
         shape = tuple([qv.shape[d] for d in range(nd - 1)])
         dtype = "float64" if code == 8 else "float32"
-        if have_o and not o_strided:
+        o_rs = Ev
+        if o_direct:
+            o_rs = ov.strides[nd - 2] // item if ov.shape[nd - 2] > 1 else Ev
+        if have_o and (o_direct or not o_strided):
             res = out
             rv = ov
         else:
@@ -847,9 +890,9 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
                 <const char*>kv.buf, offs + batch, k_rs, 1,
                 <const char*>vv.buf, offs + 2 * batch, v_rs, 1,
                 <const char*>mv.buf if mask_kind else NULL, mask_kind, offs + 3 * batch,
-                m_rs, m_cs, <char*>rv.buf, <char*>lv.buf, batch, L, S, E, Ev, scale_value,
-                &var, want_lse, n_threads)
-            if status == 0 and o_strided:
+                m_rs, m_cs, <char*>rv.buf, offs + 4 * batch if o_direct else NULL, o_rs,
+                <char*>lv.buf, batch, L, S, E, Ev, scale_value, &var, want_lse, n_threads)
+            if status == 0 and o_strided and not o_direct:
                 _rows_to_strided(<const char*>rv.buf, &ov, offs + 4 * batch, batch)
         if o_strided:
             res = out

@@ -205,6 +205,27 @@ def writes_in_place(out, dtype, inputs):
             and not any(a is not None and np.may_share_memory(out, a) for a in inputs))
 
 
+def writes_rows_in_place(out, dtype, inputs):
+    """True if a kernel may write straight into ``out`` of shape (..., L, Ev) that is not
+    C-contiguous: aligned, of the compute dtype, rows of adjacent elements (unit stride on the
+    last axis, a positive row stride) in which no two elements share a byte (a sufficient test:
+    the axes of more than one element, ordered by stride magnitude, each step past the block
+    of the axes before it), and sharing no memory with any input. The (B, L, H, Ev) buffer
+    viewed as (B, H, L, Ev) that transformers asks for is of this kind."""
+    if out.dtype != dtype or not out.flags.aligned or out.ndim < 2 or out.size == 0:
+        return False
+    item = out.itemsize
+    L, Ev = out.shape[-2:]
+    if (Ev > 1 and out.strides[-1] != item) or (L > 1 and out.strides[-2] <= 0):
+        return False
+    extent = item
+    for stride, size in sorted((abs(s), n) for n, s in zip(out.shape, out.strides) if n > 1):
+        if stride < extent:
+            return False
+        extent += stride * (size - 1)
+    return not any(a is not None and np.may_share_memory(out, a) for a in inputs)
+
+
 def resolve_threads(n_threads, fname):
     """The number of OpenMP threads for a call (DESIGN 3.11)."""
     limit = max_threads()

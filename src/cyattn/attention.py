@@ -247,10 +247,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     q_fmt = V.half_format(query, compute) if L > _DECODE_MAX_L else 0
     kv_fmt = V.half_format(key, compute) if key.dtype == value.dtype else 0
     # (a half call may be redone on float32 inputs: never straight into the caller's out)
-    if (out is not None and not (q_fmt or kv_fmt)
-            and V.writes_in_place(out, compute, (query, key, value, attn_mask))):
-        res = out
-    else:
+    res, o_off, o_rs = None, None, -1
+    if out is not None and not (q_fmt or kv_fmt):
+        inputs = (query, key, value, attn_mask)
+        if V.writes_in_place(out, compute, inputs):
+            res = out
+        elif V.writes_rows_in_place(out, compute, inputs):
+            # e.g. transformers' (B, L, H, Ev) buffer viewed as (B, H, L, Ev): written by row
+            res = out
+            o_off = V.batch_offsets(out, batch)
+            o_rs = out.strides[-2] // out.itemsize if L > 1 else Ev
+    if res is None:
         res = np.empty(out_shape, dtype=compute)
     lse = np.empty(batch + (L,), dtype=compute)
     if count and L:
@@ -284,7 +291,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
                 mask, kind, m_off, m_rs, m_cs, res, lse, L, S, E, Ev, scale, is_causal,
                 causal_alignment == "bottom_right", return_lse, n_threads, var.left, var.right,
                 var.softcap, var.key_lengths, var.query_lengths, var.slopes, var.sinks,
-                q_fmt=q_fmt, kv_fmt=kv_fmt)
+                q_fmt=q_fmt, kv_fmt=kv_fmt, o_off=o_off, o_rs=o_rs)
 
         if run(q_fmt, kv_fmt) and (q_fmt or kv_fmt):
             run(0, 0)   # a non-finite row: redone on float32 inputs, by the two-pass path

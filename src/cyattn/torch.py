@@ -176,13 +176,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     Notes
     -----
     Zero copy: float32 and float64 tensors are read in place and the output is written by the
-    kernel straight into a fresh buffer or a C-contiguous ``out`` (a strided ``out`` gets one
-    copy of the result from the kernel's scratch). float16 and bfloat16 (which NumPy lacks;
-    viewed as ``ml_dtypes.bfloat16`` arrays, so ml_dtypes must be installed for this, else
-    they go through float32 copies) are handed to the core as they are: it computes in
-    float32 and rounds once to the half format. The decode path (at most 4 query rows) reads
-    half-precision keys and values in place; the other paths still compute from float32 copies
-    of the inputs (see :func:`cyattn.scaled_dot_product_attention`).
+    kernel straight into a fresh buffer or ``out``, when ``out`` is C-contiguous or has rows of
+    adjacent elements (e.g. a (B, L, H, Ev) tensor transposed to (B, H, L, Ev)) and shares no
+    memory with the inputs; another ``out`` gets one copy of the result. float16 and
+    bfloat16 (which NumPy lacks; viewed as ``ml_dtypes.bfloat16`` arrays, so ml_dtypes must be
+    installed for this, else they go through float32 copies) are handed to the core as they
+    are: it computes in float32 and rounds once to the half format. The decode path (at most
+    4 query rows) reads half-precision keys and values in place, the fused path widens them
+    block by block (see :func:`cyattn.scaled_dot_product_attention`).
 
     A fully masked row (no permitted key) gives zeros, as PyTorch 2.13's CPU kernels do.
     ``is_causal`` with ``attn_mask`` composes by AND, as PyTorch 2.13 on CPU computes it
