@@ -14,8 +14,8 @@ interleaved in one process (A B A B ...). For each thread count and dtype:
 Both report the median end-to-end seconds and the median time spent inside the attention
 function (each registered attention function is wrapped with a timer), and the ratios
 sdpa / cyattn (above 1: cyattn is faster). ``--rss`` measures the peak RSS of one float32
-prefill of that length in a fresh process per implementation, without and with a padding
-mask.
+prefill of that length in fresh processes (``--rss-runs`` per implementation, interleaved;
+median and range), without and with a padding mask.
 
     python bench/bench_transformers.py [--threads 1 2] [--dtypes float32 bfloat16]
         [--prefill 512 2048 8192] [--context 4096] [--decode-tokens 16] [--samples 3]
@@ -129,8 +129,14 @@ def _row(label, res):
     med = {impl: (statistics.median(t for t, _ in res[impl]),
                   statistics.median(a for _, a in res[impl])) for impl in IMPLS}
     (st, sa), (ct, ca) = med["sdpa"], med["cyattn"]
-    return (f"| {label} | {sa * 1e3:.1f} | {ca * 1e3:.1f} | {sa / ca:.2f}x | {st * 1e3:.1f} | "
-            f"{ct * 1e3:.1f} | {st / ct:.2f}x |")
+    return (f"| {label} | {_ms(sa)} | {_ms(ca)} | {sa / ca:.2f}x | {_ms(st)} | {_ms(ct)} | "
+            f"{st / ct:.2f}x |")
+
+
+def _ms(seconds):
+    """Milliseconds with three significant digits at least (a decode step takes ~0.5 ms)."""
+    ms = seconds * 1e3
+    return f"{ms:.1f}" if ms >= 10 else f"{ms:.3g}"
 
 
 def _peak_rss_kib(reset=False):
@@ -173,6 +179,9 @@ def main(argv=None):
     p.add_argument("--decode-tokens", type=int, default=16)
     p.add_argument("--samples", type=int, default=3)
     p.add_argument("--rss", type=int, nargs="*", default=[8192])
+    p.add_argument("--rss-runs", type=int, default=5,
+                   help="fresh processes per implementation and case (the peak varies by "
+                        "tens of MiB from process to process: allocator and page layout)")
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--layers", type=int, default=2)
@@ -209,15 +218,23 @@ def main(argv=None):
             print(f"\nPeak RSS during one float32 prefill of {length} tokens, {padded} "
                   f"(fresh process, {args.threads[0]} thread; 'padded': one pad token, so "
                   f"transformers passes an L x S mask):")
+            peaks = {impl: [] for impl in IMPLS}
+            for _ in range(args.rss_runs):              # interleaved: A B A B ...
+                for impl in IMPLS:
+                    out = subprocess.run(
+                        [sys.executable, __file__, "--rss-child", impl, str(length), padded,
+                         "--threads", str(args.threads[0]), "--hidden", str(args.hidden),
+                         "--kv-heads", str(args.kv_heads), "--layers", str(args.layers),
+                         "--vocab", str(args.vocab)], capture_output=True, text=True,
+                        check=True)
+                    before, after = map(int, out.stdout.split()[-2:])
+                    peaks[impl].append((after / 1024, (after - before) / 1024))
             for impl in IMPLS:
-                out = subprocess.run(
-                    [sys.executable, __file__, "--rss-child", impl, str(length), padded,
-                     "--threads", str(args.threads[0]), "--hidden", str(args.hidden),
-                     "--kv-heads", str(args.kv_heads), "--layers", str(args.layers),
-                     "--vocab", str(args.vocab)], capture_output=True, text=True, check=True)
-                before, after = map(int, out.stdout.split()[-2:])
-                print(f"  {impl:7s} peak {after / 1024:.0f} MiB, {(after - before) / 1024:.0f} "
-                      f"MiB above the RSS before the prefill")
+                top = [p for p, _ in peaks[impl]]
+                above = [a for _, a in peaks[impl]]
+                print(f"  {impl:7s} peak {statistics.median(top):.0f} MiB ({min(top):.0f}-"
+                      f"{max(top):.0f}), {statistics.median(above):.0f} MiB above the RSS "
+                      f"before the prefill; median of {args.rss_runs} processes")
 
 
 if __name__ == "__main__":
