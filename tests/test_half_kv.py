@@ -104,6 +104,35 @@ def test_decode_equals_float32_call(variant, dtype, L):
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("L", [1, 4, 40])
+def test_plain_half_calls_take_the_low_overhead_path(variant, dtype, L, monkeypatch):
+    """Query, key and value of one half dtype, without variant options (the calls of the
+    torch and transformers adapters), are served by the low-overhead path: the general path,
+    whose Python checks cost more than a small decode step's kernel, is not entered. The bits
+    are those of the float32 call, rounded once; out= (a strided view) and lse too."""
+    from cyattn import _validate
+
+    def general_path(*args):
+        raise AssertionError("the general path was entered")
+    rng = np.random.default_rng(L)
+    q, k, v = _decode_inputs(rng, dtype, L=L, S=700)
+    mask = rng.random((2, 1, L, 700)) < 0.9
+    held = np.zeros((2, L, 4, 48), dtype).transpose(0, 2, 1, 3)
+    for kw in (dict(is_causal=L > 1), dict(attn_mask=mask), dict(out=held, return_lse=True)):
+        ref = cyattn.scaled_dot_product_attention(*_as32(q, k, v), enable_gqa=True,
+                                                  **{n: x for n, x in kw.items() if n != "out"})
+        with monkeypatch.context() as m:
+            m.setattr(_validate, "float_dtypes", general_path)
+            got = cyattn.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
+        got, ref = (got, ref) if kw.get("return_lse") else ((got,), (ref,))
+        if "out" in kw:
+            assert got[0] is held
+        for g, r in zip(got, ref):
+            assert g.dtype == dtype
+            assert np.array_equal(_bits(g, dtype), _bits(r.astype(dtype), dtype)), kw
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_decode_mixed_and_strided(variant, dtype):
     """float32 query with half K/V (float32 result), strided K/V views and a strided half
     out=: the same bits as the float32 call."""

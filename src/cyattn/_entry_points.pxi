@@ -352,6 +352,12 @@ cdef inline bint _disjoint(const Py_buffer* x, const Py_buffer* y) noexcept:
     return x0 + <uintptr_t>x.len <= y0 or y0 + <uintptr_t>y.len <= x0
 
 
+cdef inline bint _is_u16(const Py_buffer* view) noexcept:
+    """True for a buffer of native uint16 elements (16-bit floats viewed as uint16)."""
+    cdef const char* fmt = view.format
+    return (fmt != NULL and fmt[0] == b'H' and fmt[1] == 0 and view.itemsize == 2)
+
+
 cdef inline bint _get_rows(object obj, Py_buffer* view):
     """Acquire a strided, formatted buffer of obj whose strides are whole elements and whose
     last axis has unit stride (rows of adjacent elements); False (no exception) if it has
@@ -710,7 +716,7 @@ cdef void _rows_to_strided(const char* src, const Py_buffer* o, const int64_t* o
 
 
 def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bint gqa,
-                   bint want_lse, int n_threads, empty):
+                   bint want_lse, int n_threads, empty, int q_fmt=0, int kv_fmt=0):
     """Attention for aligned q (..., L, E), k (..., S, E) and v (..., S, Ev) of one native
     float dtype with rows of adjacent elements (unit stride along the last axis; any other
     strides, also 0 or negative, as the head views of a fused QKV projection have), with
@@ -724,7 +730,11 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
     if ``out`` is None or strided; lse is None without ``want_lse``), or None without doing
     anything if the inputs are not of that kind. ``scale`` is a float or None (1 / sqrt(E)).
     The low-overhead path of scaled_dot_product_attention: one pass of checks on the
-    buffers."""
+    buffers. q_fmt, kv_fmt != 0 (CYATTN_HALF_F16/BF16): q, and k and v, are uint16 views of
+    16-bit elements of that format (a 16-bit q only with more than DECODE_MAX_L rows), computed
+    in float32: the results are float32, ``out`` must be None, a float mask is float32; None
+    also when a row's result is not finite (the caller redoes the call on float32 inputs,
+    see attention_run)."""
     cdef Py_buffer qv, kv, vv, mv, ov, lv, rv
     cdef bint have_q = False, have_k = False, have_v = False, have_m = False
     cdef bint have_o = False, have_l = False, have_r = False, o_strided = False
@@ -734,7 +744,8 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
     cdef Py_ssize_t batch = 1, bi, L, S, E, Ev, work, m_rs = 0, m_cs = 0, hq = 1, group = 1
     cdef Py_ssize_t idx[FAST_MAX_DIMS]
     cdef Py_ssize_t m_st[FAST_MAX_DIMS]
-    cdef Py_ssize_t q_rs, k_rs, v_rs, item, j
+    cdef Py_ssize_t q_rs, k_rs, v_rs, item, j, q_item, kv_item
+    cdef int half_redo = 0
     cdef int64_t q_o, k_o, v_o, m_o, o_o
     cdef double scale_value
     cdef int64_t* offs = NULL
@@ -767,12 +778,17 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
                     return None
                 o_strided = True
             have_o = True
-        code = _float_code(&qv)
+        code = _float_code(&qv) if q_fmt == 0 else 4
         nd = qv.ndim
-        if (code == 0 or _float_code(&kv) != code or _float_code(&vv) != code
+        q_item = 2 if q_fmt != 0 else code
+        kv_item = 2 if kv_fmt != 0 else code
+        if (code == 0 or (q_fmt != 0 and not _is_u16(&qv))
+                or (kv_fmt == 0 and (_float_code(&kv) != code or _float_code(&vv) != code))
+                or (kv_fmt != 0 and (code != 4 or not _is_u16(&kv) or not _is_u16(&vv)))
+                or ((q_fmt != 0 or kv_fmt != 0) and have_o)
                 or nd < (3 if gqa else 2) or nd > FAST_MAX_DIMS or kv.ndim != nd
-                or vv.ndim != nd or <uintptr_t>qv.buf % code or <uintptr_t>kv.buf % code
-                or <uintptr_t>vv.buf % code):
+                or vv.ndim != nd or <uintptr_t>qv.buf % q_item or <uintptr_t>kv.buf % kv_item
+                or <uintptr_t>vv.buf % kv_item):
             return None
         for d in range(nd - 2):
             if vv.shape[d] != kv.shape[d]:
@@ -790,7 +806,8 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
         S = kv.shape[nd - 2]
         Ev = vv.shape[nd - 1]
         if (kv.shape[nd - 1] != E or vv.shape[nd - 2] != S
-                or batch == 0 or L == 0 or S == 0 or E == 0 or Ev == 0):
+                or batch == 0 or L == 0 or S == 0 or E == 0 or Ev == 0
+                or (q_fmt != 0 and L <= DECODE_MAX_L)):
             return None
         if have_o and not o_strided:
             if (_float_code(&ov) != code or <uintptr_t>ov.buf % code or ov.ndim != nd
@@ -833,7 +850,7 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
         # element offsets of each batch entry's q, k, v, mask and (strided) out matrices: an
         # odometer over the batch dims, last fastest; with gqa, query head h reads key/value
         # head h // group
-        item = qv.itemsize
+        item = code                 # the compute dtype's: out's offsets and row stride
         for d in range(nd - 2):
             idx[d] = 0
         for bi in range(batch):
@@ -844,9 +861,9 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
             o_o = 0
             for d in range(nd - 2):
                 j = idx[d] // group if gqa and d == nd - 3 else idx[d]
-                q_o += idx[d] * (qv.strides[d] // item)
-                k_o += j * (kv.strides[d] // item)
-                v_o += j * (vv.strides[d] // item)
+                q_o += idx[d] * (qv.strides[d] // q_item)
+                k_o += j * (kv.strides[d] // kv_item)
+                v_o += j * (vv.strides[d] // kv_item)
                 m_o += idx[d] * m_st[d]
                 if o_strided:
                     o_o += idx[d] * (ov.strides[d] // item)
@@ -862,9 +879,9 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
                     break
                 idx[d] = 0
                 d -= 1
-        q_rs = qv.strides[nd - 2] // item
-        k_rs = kv.strides[nd - 2] // item
-        v_rs = vv.strides[nd - 2] // item
+        q_rs = qv.strides[nd - 2] // q_item
+        k_rs = kv.strides[nd - 2] // kv_item
+        v_rs = vv.strides[nd - 2] // kv_item
         scale_value = 1.0 / sqrt(<double>E) if scale is None else <double>scale
         work = (batch * L * S * (E + Ev + 8)) >> 18   # as threads_for_work(..., 1 << 18)
         if n_threads > work:
@@ -891,7 +908,8 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
                 <const char*>vv.buf, offs + 2 * batch, v_rs, 1,
                 <const char*>mv.buf if mask_kind else NULL, mask_kind, offs + 3 * batch,
                 m_rs, m_cs, <char*>rv.buf, offs + 4 * batch if o_direct else NULL, o_rs,
-                <char*>lv.buf, batch, L, S, E, Ev, scale_value, &var, want_lse, n_threads)
+                <char*>lv.buf, batch, L, S, E, Ev, scale_value, &var, want_lse, n_threads,
+                q_fmt, kv_fmt, &half_redo)
             if status == 0 and o_strided and not o_direct:
                 _rows_to_strided(<const char*>rv.buf, &ov, offs + 4 * batch, batch)
         if o_strided:
@@ -914,6 +932,8 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
             PyBuffer_Release(&qv)
     if status:
         raise MemoryError("cyattn.scaled_dot_product_attention: could not allocate scratch")
+    if half_redo:
+        return None
     return res, (lse if want_lse else None)
 
 

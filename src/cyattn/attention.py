@@ -12,6 +12,7 @@ _FNAME = "cyattn.scaled_dot_product_attention"
 _DECODE_MAX_L = 4        # the kernels' DECODE_MAX_L: at most this many query rows may decode
 _ndarray = np.ndarray
 _empty = np.empty
+_FLOAT32, _BOOL, _UINT16 = np.dtype(np.float32), np.dtype(np.bool_), np.dtype(np.uint16)
 
 
 def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment, return_lse,
@@ -40,12 +41,49 @@ def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
     n_threads = V.fast_threads(n_threads)
     if n_threads == 0:
         return None
+    if query.dtype.itemsize == 2:
+        return _fast_half_call(query, key, value, attn_mask, is_causal, scale, bottom_right,
+                               return_lse, enable_gqa, out, n_threads)
     res = _backend.kernels.attention_fast(query, key, value, attn_mask, out, scale, is_causal,
                                           bottom_right, enable_gqa, return_lse, n_threads,
                                           _empty)
     if res is None or return_lse:
         return res
     return res[0]
+
+
+def _fast_half_call(query, key, value, attn_mask, is_causal, scale, bottom_right, return_lse,
+                    enable_gqa, out, n_threads):
+    """_fast_call for query, key and value of one 16-bit dtype (float16, bfloat16): the
+    kernels read them as they are (a query of up to _DECODE_MAX_L rows as a float32 copy, as
+    the decode path reads it), compute in float32, and the result is rounded once, as the
+    general path does; None for anything else (a float mask that is not float32, an ``out``
+    that is not of the dtype, a row whose result is not finite: the general path then decides).
+    """
+    dtype = query.dtype
+    if key.dtype != dtype or value.dtype != dtype or query.ndim < 2:
+        return None
+    fmt = V.half_format(query, _FLOAT32)
+    if not fmt or (out is not None and (
+            out.dtype != dtype or not out.flags.writeable
+            or out.shape != query.shape[:-1] + value.shape[-1:])) or (
+            attn_mask is not None and attn_mask.dtype != _BOOL and attn_mask.dtype != _FLOAT32):
+        return None
+    if query.shape[-2] <= _DECODE_MAX_L:
+        q, q_fmt = query.astype(_FLOAT32), 0
+    else:
+        q, q_fmt = query.view(_UINT16), fmt
+    res = _backend.kernels.attention_fast(q, key.view(_UINT16), value.view(_UINT16), attn_mask,
+                                          None, scale, is_causal, bottom_right, enable_gqa,
+                                          return_lse, n_threads, _empty, q_fmt, fmt)
+    if res is None:
+        return None
+    if out is None:
+        result = V.to_result(res[0], dtype)
+    else:
+        V.copy_result(out, res[0])
+        result = out
+    return (result, V.to_result(res[1], dtype)) if return_lse else result
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
