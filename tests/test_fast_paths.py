@@ -155,6 +155,23 @@ def test_head_interleaved_out_written_in_place(variant, dtype, L, S):
     np.testing.assert_array_equal(res, ref)
 
 
+def test_out_sharing_memory_with_lengths_gets_the_right_result():
+    """key_lengths that live in out's own buffer (the kernel would overwrite them with the
+    first batch entry's output before the second reads its length): the result is computed
+    before out is written, as for any input out shares memory with."""
+    rng = np.random.default_rng(12)
+    q = rng.standard_normal((2, 1, 4, 4))
+    k = rng.standard_normal((2, 1, 8, 4))
+    ref = sdpa(q, k, k, key_lengths=np.array([[8], [2]]))
+    for layout in ("contiguous", "interleaved"):
+        buf = np.zeros((2, 4, 1, 4))
+        out = buf.transpose(0, 2, 1, 3) if layout == "interleaved" else buf.reshape(2, 1, 4, 4)
+        lengths = buf.reshape(-1)[:2].view(np.int64)
+        lengths[:] = [8, 2]
+        assert sdpa(q, k, k, out=out, key_lengths=lengths[:, None]) is out
+        np.testing.assert_array_equal(out, ref)
+
+
 # ------------------------------------------------------------------------------------------
 # decode path
 # ------------------------------------------------------------------------------------------

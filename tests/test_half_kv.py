@@ -133,6 +133,16 @@ def test_plain_half_calls_take_the_low_overhead_path(variant, dtype, L, monkeypa
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_plain_half_call_with_mismatched_shapes_gets_the_shape_error(dtype):
+    """A huge broadcast decode query against keys of another head size: the low-overhead
+    path must not first copy the query to float32 (a MemoryError instead of the message)."""
+    q = np.broadcast_to(np.ones((1, 1, 1, 128), dtype), (100000, 1000, 4, 128))
+    k = np.ones((1, 1, 5, 64), dtype)
+    with pytest.raises(ValueError, match="E=128"):
+        cyattn.scaled_dot_product_attention(q, k, k)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_decode_mixed_and_strided(variant, dtype):
     """float32 query with half K/V (float32 result), strided K/V views and a strided half
     out=: the same bits as the float32 call."""

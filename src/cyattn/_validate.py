@@ -216,7 +216,8 @@ def writes_rows_in_place(out, dtype, inputs):
         return False
     item = out.itemsize
     L, Ev = out.shape[-2:]
-    if (Ev > 1 and out.strides[-1] != item) or (L > 1 and out.strides[-2] <= 0):
+    if ((Ev > 1 and out.strides[-1] != item) or (L > 1 and out.strides[-2] <= 0)
+            or any(s % item for s in out.strides)):        # whole elements (the kernels' units)
         return False
     extent = item
     for stride, size in sorted((abs(s), n) for n, s in zip(out.shape, out.strides) if n > 1):

@@ -61,7 +61,13 @@ def _fast_half_call(query, key, value, attn_mask, is_causal, scale, bottom_right
     that is not of the dtype, a row whose result is not finite: the general path then decides).
     """
     dtype = query.dtype
-    if key.dtype != dtype or value.dtype != dtype or query.ndim < 2:
+    qs, ks, vs = query.shape, key.shape, value.shape
+    # shapes first: the float32 copy of a decode query below must not be made (or fail) for
+    # a call the general path then refuses with its own message
+    if (key.dtype != dtype or value.dtype != dtype or not 2 <= len(qs) == len(ks) == len(vs)
+            or qs[-1] != ks[-1] or ks[:-1] != vs[:-1]
+            or not (qs[:-2] == ks[:-2] or (enable_gqa and len(qs) >= 3 and qs[:-3] == ks[:-3]
+                                           and ks[-3] and qs[-3] % ks[-3] == 0))):
         return None
     fmt = V.half_format(query, _FLOAT32)
     if not fmt or (out is not None and (
@@ -287,7 +293,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     # (a half call may be redone on float32 inputs: never straight into the caller's out)
     res, o_off, o_rs = None, None, -1
     if out is not None and not (q_fmt or kv_fmt):
-        inputs = (query, key, value, attn_mask)
+        inputs = (query, key, value, attn_mask, var.key_lengths, var.query_lengths, var.slopes,
+                  var.sinks)       # the per-entry options may be the caller's own memory
         if V.writes_in_place(out, compute, inputs):
             res = out
         elif V.writes_rows_in_place(out, compute, inputs):
