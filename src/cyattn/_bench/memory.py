@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from .cases import Spec, prepare, torch_module
+from .cases import IMPLS, Spec, prepare, torch_module
 from .peers import JAX_ENV
 from .timing import child_env, thread_limits
 
@@ -46,7 +46,12 @@ def _memory_child(spec_json, impl, n_threads):
         torch_module().set_num_threads(n_threads)
     with thread_limits(n_threads):
         make, _ = prepare(spec, (impl,))
-        fn = make(n_threads)[impl]
+        fns = make(n_threads)
+        if impl not in fns and impl in IMPLS:   # NumPy, ORT, JAX on the half-precision cases
+            print(_MEM_MARK + json.dumps({"skipped": f"no {impl} implementation of this case"}),
+                  flush=True)
+            return
+        fn = fns[impl]
         gc.collect()
         before = _status_kib("VmRSS")
         maxrss_before = _maxrss_kib()
@@ -69,7 +74,8 @@ def measure_memory(spec, impl, n_threads, timeout=1800):
     """Peak RSS growth (MiB) of one call of ``impl`` on ``spec`` in a fresh Python process,
     measured from the RSS with the inputs allocated. Returns a dict with ``growth_mib`` (and
     ``upper_bound`` when only ``ru_maxrss`` was available and the call stayed below an
-    earlier peak), or with ``error``."""
+    earlier peak), with ``skipped`` when ``impl`` has no implementation of the case, or with
+    ``error``."""
     code = ("import sys; from cyattn._bench import memory; "
             "memory._memory_child(sys.argv[1], sys.argv[2], int(sys.argv[3]))")
     try:

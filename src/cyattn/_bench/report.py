@@ -448,7 +448,8 @@ def render_markdown(result):
             rel = (f"{cy['growth_mib'] / e['out_mib']:.1f}×" if "growth_mib" in cy
                    and e["out_mib"] else "-")
             body.append([e["case"], fmt_size(e["out_mib"])]
-                        + [_fmt_mib(e["impls"].get(i, {})) for i in impls] + [rel])
+                        + [_fmt_mib(e["impls"][i]) if i in e["impls"] else "-" for i in impls]
+                        + [rel])
         lines += _table(head, body)
         errs = [f"- {e['case']}, {i}: {m['error']}" for e in mem for i, m in e["impls"].items()
                 if "error" in m]
