@@ -4,7 +4,8 @@
 # Design
 # ------
 # * exp: range reduction x = n ln2 + r (n by the 1.5*2^p shifter trick, Cody-Waite split of ln2),
-#   a Taylor polynomial for e^r on |r| <= ln2/2 (degree 7 for float32, 13 for float64) and 2^n
+#   a polynomial for e^r on |r| <= ln2/2 (float32: degree 6, fitted for the least relative
+#   error; float64: the degree-13 Taylor polynomial) and 2^n
 #   applied as two exact power-of-two factors so that subnormal results are rounded once.
 #   Arguments below the underflow bound (-inf included) give exactly 0 by a final select, not by
 #   underflowing (which costs a microcode assist); +inf overflows to +inf; NaN passes through.
@@ -53,12 +54,14 @@ cdef inline float exp_core_f32(float x, int32_t* ni) noexcept nogil:
     ni[0] = _f32_bits(t) - <int32_t>0x4B400000
     r = x - n * <float>0.693145751953125          # ln2 high part, exact product for |n| < 256
     r = r - n * <float>1.428606765330187045e-06   # ln2 low part
-    p = <float>(1.0 / 5040.0)
-    p = p * r + <float>(1.0 / 720.0)
-    p = p * r + <float>(1.0 / 120.0)
-    p = p * r + <float>(1.0 / 24.0)
-    p = p * r + <float>(1.0 / 6.0)
-    p = p * r + <float>0.5
+    # 1 + r + c2 r^2 + ... + c6 r^6: c2..c6 fitted for the least maximum relative error on
+    # |r| <= ln2/2 (Lawson's iteration, float32 coefficients): 0.064 ulp of approximation error,
+    # one FMA fewer than the degree-7 Taylor polynomial it replaced (0.1 ulp)
+    p = <float>0.001381461275741458
+    p = p * r + <float>0.008368710055947304
+    p = p * r + <float>0.04166838899254799
+    p = p * r + <float>0.1666652113199234
+    p = p * r + <float>0.4999999403953552
     p = p * r + <float>1.0
     return p * r + <float>1.0
 
