@@ -673,9 +673,48 @@ def test_softmax_unmasked_rows_match_the_general_path_bits(variant, dtype):
         for i, spread in enumerate((edge - 0.01, edge, edge + 0.01, 2 * edge, 0.5)):
             if n > 1:
                 x[i, :] = np.linspace(0.0, -spread, n, dtype=dtype) + dtype(3.0)
-        general = cyattn.softmax(x, mask=np.ones(x.shape, bool))
+        # an additive mask of zeros changes no score and takes the general path (masked copy,
+        # then in place); a bool mask of all True takes the explicit-vector path (float32)
+        general = cyattn.softmax(x, mask=np.zeros(x.shape, dtype))
         np.testing.assert_array_equal(cyattn.softmax(x), general)
         np.testing.assert_array_equal(cyattn.softmax(x, out=np.empty_like(x)), general)
+        np.testing.assert_array_equal(cyattn.softmax(x, mask=np.ones(x.shape, bool)), general)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_softmax_bool_masked_rows_match_the_general_path_bits(variant, dtype):
+    # float32 rows under a bool mask of unit column stride take cyattn_softmax_row_f32's
+    # explicit vectors (masked lanes add +0 to the sums); the same mask as an additive -inf /
+    # 0 mask takes the general path (masked copy, then in place). Same bits, in place or not,
+    # for every lane count and on both sides of the EXP_NORMAL threshold; rows fully masked,
+    # with a kept NaN, or with a masked NaN / inf (never read) among them.
+    rng = np.random.default_rng(29)
+    edge = 87.0 if dtype == np.float32 else 708.0
+    for n in (32, 33, 63, 64, 100, 257, 1030):
+        x = (rng.standard_normal((10, n)) * 4).astype(dtype)
+        keep = rng.random((10, n)) < 0.7
+        keep[:, 0] = True
+        x[0, :] = np.linspace(0.0, -(edge - 0.01), n, dtype=dtype)
+        x[1, :] = np.linspace(0.0, -(edge + 0.01), n, dtype=dtype)
+        keep[2, :] = False
+        x[3, 1], keep[3, 1] = np.nan, True
+        x[4, 2], keep[4, 2] = np.nan, False
+        x[5, 3], keep[5, 3] = np.inf, False
+        additive = np.where(keep, dtype(0), dtype(-np.inf)).astype(dtype)
+        x_add = np.where(keep, x, dtype(0))          # -inf + a masked inf would be NaN
+        general = cyattn.softmax(x_add, mask=additive)
+        np.testing.assert_array_equal(cyattn.softmax(x, mask=keep), general)
+        inplace = x.copy()
+        cyattn.softmax(inplace, mask=keep, out=inplace)
+        np.testing.assert_array_equal(inplace, general)
+        # a kept score far below the maximum makes the row fall back: the same bits as the
+        # row without it, where the extra score contributes an exact 0 (n % 32 kept, so the
+        # other scores keep their lanes)
+        far = np.concatenate([x, np.full((10, 1), dtype(-5 * edge))], axis=1)
+        keep_far = np.concatenate([keep, np.ones((10, 1), bool)], axis=1)
+        if n % 32 != 31:
+            np.testing.assert_array_equal(cyattn.softmax(far, mask=keep_far)[:, :n], general)
+            np.testing.assert_array_equal(cyattn.softmax(far[5:])[:, :n], cyattn.softmax(x[5:]))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])

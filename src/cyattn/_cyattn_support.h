@@ -553,4 +553,266 @@ static inline void cyattn_dot_rows(float* scores, ptrdiff_t ss, const float* q, 
     (void)i;
 }
 
+/* Float32 softmax row passes in explicit vectors (issue 26): the lane-wise max/min, the exp
+   and sum, and the scale of softmax_row_to / row_exp_sum_to over the first n - n % 32 elements,
+   and a whole softmax row (cyattn_softmax_row_f32). Each lane does exactly the operations of the
+   module's scalar code (_softmax_rows.pxi and exp_f32_nonpos in _exp.pxi, as gcc contracts them
+   into FMAs), in the same order, and lane l of the 32 partials takes elements j + l, so the
+   results are bit for bit those of the loops they replace (tools/bits_digest.py; the
+   *_match_the_general_path_bits tests); the point is the code: gcc's vectorisation of those
+   loops ran the exp pass about 1.3x slower. The constants are those of exp_core_f32: keep the
+   two in step. 256-bit vectors in the avx2 and the avx512 variant alike: a 512-bit version
+   could not be run on the host where this was written (Zen 3), so it was not shipped. Without
+   AVX2 and FMA (baseline), CYATTN_ROWK is 0 and the module keeps its loops (the stubs below
+   are never called).
+   cyattn_rpow2(t): 2**n as a float from the shifter sum t (exp_f32_nonpos's (ni + 127) << 23
+   with ni = bits(t) - 0x4B400000: 0x4B400000 << 23 vanishes modulo 2**32, leaving
+   (bits(t) << 23) + (127 << 23), and 127 << 23 is the bit pattern of 1.0f, a constant the exp
+   already holds in a register) */
+#if defined(__AVX2__) && defined(__FMA__)
+#define CYATTN_ROWK 1
+#define CYATTN_RV __m256
+#define CYATTN_RW 8
+#define cyattn_rload _mm256_loadu_ps
+#define cyattn_rstore _mm256_storeu_ps
+#define cyattn_rset1 _mm256_set1_ps
+#define cyattn_rmax _mm256_max_ps
+#define cyattn_rmin _mm256_min_ps
+#define cyattn_radd _mm256_add_ps
+#define cyattn_rsub _mm256_sub_ps
+#define cyattn_rmul _mm256_mul_ps
+#define cyattn_rfma _mm256_fmadd_ps
+#define cyattn_rfnma _mm256_fnmadd_ps
+#define CYATTN_RK __m256
+#define cyattn_rkeep(b) _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_cvtepu8_epi32( \
+    _mm_loadl_epi64((const __m128i*)(b))), _mm256_setzero_si256()))
+#define cyattn_rsel(kk, v, fill) _mm256_blendv_ps((fill), (v), (kk))
+#define cyattn_rzero_unless(kk, v) _mm256_and_ps((kk), (v))
+#define cyattn_rpow2(t) _mm256_castsi256_ps(_mm256_add_epi32( \
+    _mm256_slli_epi32(_mm256_castps_si256(t), 23), _mm256_castps_si256(_mm256_set1_ps(1.0f))))
+#else
+#define CYATTN_ROWK 0
+#endif
+
+#if CYATTN_ROWK
+#include <math.h>
+#define CYATTN_RN (32 / CYATTN_RW)          /* vectors per 32 lanes */
+
+/* pmax[l] = max(pmax[l], x[j + l]) and pmin[l] likewise for j = 0, 32, ... < n - n % 32, as
+   `v if v > part else part` (vmaxps(v, part) is exactly that, NaN included). */
+static inline void cyattn_rows_max_min_f32(const float* x, ptrdiff_t n, float* pmax, float* pmin) {
+    CYATTN_RV hi[CYATTN_RN], lo[CYATTN_RN];
+    ptrdiff_t j;
+    int k;
+    for (k = 0; k < CYATTN_RN; k++) {
+        hi[k] = cyattn_rload(pmax + k * CYATTN_RW);
+        lo[k] = cyattn_rload(pmin + k * CYATTN_RW);
+    }
+    for (j = 0; j + 32 <= n; j += 32) {
+        for (k = 0; k < CYATTN_RN; k++) {
+            CYATTN_RV v = cyattn_rload(x + j + k * CYATTN_RW);
+            hi[k] = cyattn_rmax(v, hi[k]);
+            lo[k] = cyattn_rmin(v, lo[k]);
+        }
+    }
+    for (k = 0; k < CYATTN_RN; k++) {
+        cyattn_rstore(pmax + k * CYATTN_RW, hi[k]);
+        cyattn_rstore(pmin + k * CYATTN_RW, lo[k]);
+    }
+}
+
+/* exp_f32_nonpos(x - shift) of one vector, as the module computes it */
+static inline CYATTN_RV cyattn_rexp_nonpos(CYATTN_RV x, CYATTN_RV shift) {
+    CYATTN_RV a = cyattn_rsub(x, shift);
+    CYATTN_RV t = cyattn_rfma(a, cyattn_rset1(1.44269504088896341f), cyattn_rset1(12582912.0f));
+    CYATTN_RV nn = cyattn_rsub(t, cyattn_rset1(12582912.0f));
+    CYATTN_RV r = cyattn_rfnma(nn, cyattn_rset1(0.693145751953125f), a);
+    CYATTN_RV p;
+    r = cyattn_rfnma(nn, cyattn_rset1(1.428606765330187045e-06f), r);
+    p = cyattn_rfma(cyattn_rset1(0.001381461275741458f), r, cyattn_rset1(0.008368710055947304f));
+    p = cyattn_rfma(p, r, cyattn_rset1(0.04166838899254799f));
+    p = cyattn_rfma(p, r, cyattn_rset1(0.1666652113199234f));
+    p = cyattn_rfma(p, r, cyattn_rset1(0.4999999403953552f));
+    p = cyattn_rfma(p, r, cyattn_rset1(1.0f));
+    p = cyattn_rfma(p, r, cyattn_rset1(1.0f));
+    return cyattn_rmul(p, cyattn_rpow2(t));
+}
+
+/* y[j] = exp_f32_nonpos(x[j] - shift) and part[l] += y[j + l] for j < n - n % 32 (x and y
+   distinct, or the same row). */
+static inline void cyattn_rows_exp_sum_f32(const float* x, float* y, ptrdiff_t n, float shift,
+                                           float* part) {
+    CYATTN_RV acc[CYATTN_RN];
+    CYATTN_RV vs = cyattn_rset1(shift);
+    ptrdiff_t j;
+    int k;
+    for (k = 0; k < CYATTN_RN; k++)
+        acc[k] = cyattn_rload(part + k * CYATTN_RW);
+    for (j = 0; j + 32 <= n; j += 32) {
+        for (k = 0; k < CYATTN_RN; k++) {
+            CYATTN_RV e = cyattn_rexp_nonpos(cyattn_rload(x + j + k * CYATTN_RW), vs);
+            cyattn_rstore(y + j + k * CYATTN_RW, e);
+            acc[k] = cyattn_radd(acc[k], e);
+        }
+    }
+    for (k = 0; k < CYATTN_RN; k++)
+        cyattn_rstore(part + k * CYATTN_RW, acc[k]);
+}
+
+/* y[j] *= factor for j < n - n % 32 */
+static inline void cyattn_rows_scale_f32(float* y, ptrdiff_t n, float factor) {
+    CYATTN_RV f = cyattn_rset1(factor);
+    ptrdiff_t j;
+    int k;
+    for (j = 0; j + 32 <= n; j += 32)
+        for (k = 0; k < CYATTN_RN; k++)
+            cyattn_rstore(y + j + k * CYATTN_RW, cyattn_rmul(cyattn_rload(y + j + k * CYATTN_RW), f));
+}
+/* part[0] + ... + part[31] of 32 lane partials held in CYATTN_RN vectors, in lanes_sum's
+   order (lane l plus lane l + 16, then + 8, + 4, + 2, then lane 0 plus lane 1) */
+static inline float cyattn_rsum32(const CYATTN_RV* v) {
+    __m256 c;
+    __m128 d;
+    c = _mm256_add_ps(_mm256_add_ps(v[0], v[2]), _mm256_add_ps(v[1], v[3]));
+    d = _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));
+    d = _mm_add_ps(d, _mm_movehl_ps(d, d));
+    return _mm_cvtss_f32(d) + _mm_cvtss_f32(_mm_shuffle_ps(d, d, 1));
+}
+
+/* max (want_max) or min of 32 lane values held in CYATTN_RN vectors (no NaN among them) */
+static inline float cyattn_rmax32(const CYATTN_RV* v, int want_max) {
+    __m256 c;
+    __m128 d;
+    c = want_max ? _mm256_max_ps(_mm256_max_ps(v[0], v[2]), _mm256_max_ps(v[1], v[3]))
+                 : _mm256_min_ps(_mm256_min_ps(v[0], v[2]), _mm256_min_ps(v[1], v[3]));
+    d = want_max ? _mm_max_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1))
+                 : _mm_min_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));
+    d = want_max ? _mm_max_ps(d, _mm_movehl_ps(d, d)) : _mm_min_ps(d, _mm_movehl_ps(d, d));
+    d = want_max ? _mm_max_ss(d, _mm_shuffle_ps(d, d, 1)) : _mm_min_ss(d, _mm_shuffle_ps(d, d, 1));
+    return _mm_cvtss_f32(d);
+}
+
+/* Pass 1 of a row: the kept maximum into *m; 0 if the row needs the general rules or full exp */
+CYATTN_INLINE int cyattn_rowk_max(const float* x, ptrdiff_t n, const uint8_t* keep, float* mp) {
+    CYATTN_RV hi[CYATTN_RN], lo[CYATTN_RN];
+    float m, mn;
+    ptrdiff_t j, n32 = n - n % 32;
+    int k;
+    for (k = 0; k < CYATTN_RN; k++) {
+        hi[k] = cyattn_rset1(-INFINITY);
+        lo[k] = cyattn_rset1(INFINITY);
+    }
+    for (j = 0; j < n32; j += 32)
+        for (k = 0; k < CYATTN_RN; k++) {
+            CYATTN_RV v = cyattn_rload(x + j + k * CYATTN_RW);
+            if (keep) {
+                CYATTN_RK kk = cyattn_rkeep(keep + j + k * CYATTN_RW);
+                hi[k] = cyattn_rmax(cyattn_rsel(kk, v, cyattn_rset1(-INFINITY)), hi[k]);
+                lo[k] = cyattn_rmin(cyattn_rsel(kk, v, cyattn_rset1(INFINITY)), lo[k]);
+            } else {
+                hi[k] = cyattn_rmax(v, hi[k]);
+                lo[k] = cyattn_rmin(v, lo[k]);
+            }
+        }
+    m = cyattn_rmax32(hi, 1);
+    mn = cyattn_rmax32(lo, 0);
+    for (j = n32; j < n; j++) {
+        float v = x[j];
+        if (keep && !keep[j])
+            continue;
+        m = v > m ? v : m;
+        mn = v < mn ? v : mn;
+    }
+    *mp = m;
+    return !(m == -INFINITY || m == INFINITY || !(mn - m >= -87.0f));
+}
+
+/* Pass 2: y = exp(x - m) (0 where not kept); returns 1 / their sum */
+CYATTN_INLINE float cyattn_rowk_exp(const float* x, float* y, ptrdiff_t n, const uint8_t* keep,
+                                    float m) {
+    CYATTN_RV acc[CYATTN_RN], vs = cyattn_rset1(m);
+    float tail = 0.0f;
+    ptrdiff_t j, n32 = n - n % 32;
+    int k;
+    for (k = 0; k < CYATTN_RN; k++)
+        acc[k] = cyattn_rset1(0.0f);
+    for (j = 0; j < n32; j += 32)
+        for (k = 0; k < CYATTN_RN; k++) {
+            CYATTN_RV e = cyattn_rexp_nonpos(cyattn_rload(x + j + k * CYATTN_RW), vs);
+            if (keep)
+                e = cyattn_rzero_unless(cyattn_rkeep(keep + j + k * CYATTN_RW), e);
+            cyattn_rstore(y + j + k * CYATTN_RW, e);
+            acc[k] = cyattn_radd(acc[k], e);
+        }
+    if (n > n32) {                      /* the tail through one more vector step, in order */
+        float xb[32], eb[32];
+        for (k = 0; k < 32; k++)
+            xb[k] = k < n - n32 && (!keep || keep[n32 + k]) ? x[n32 + k] : m;
+        for (k = 0; k < CYATTN_RN; k++)
+            cyattn_rstore(eb + k * CYATTN_RW,
+                          cyattn_rexp_nonpos(cyattn_rload(xb + k * CYATTN_RW), vs));
+        for (k = 0; k < n - n32; k++) {
+            float e = keep && !keep[n32 + k] ? 0.0f : eb[k];
+            y[n32 + k] = e;
+            tail += e;
+        }
+    }
+    return 1.0f / (cyattn_rsum32(acc) + tail);
+}
+
+/* Pass 3: y *= f */
+CYATTN_INLINE void cyattn_rowk_scale(float* y, ptrdiff_t n, float f) {
+    CYATTN_RV vf = cyattn_rset1(f);
+    ptrdiff_t j, n32 = n - n % 32;
+    int k;
+    for (j = 0; j < n32; j += 32)
+        for (k = 0; k < CYATTN_RN; k++)
+            cyattn_rstore(y + j + k * CYATTN_RW, cyattn_rmul(cyattn_rload(y + j + k * CYATTN_RW), vf));
+    for (j = n32; j < n; j++)
+        y[j] = y[j] * f;
+}
+
+CYATTN_INLINE int cyattn_softmax_row_f32_impl(const float* x, float* y, ptrdiff_t n,
+                                              const uint8_t* keep) {
+    float m;
+    if (!cyattn_rowk_max(x, n, keep, &m))
+        return 0;
+    cyattn_rowk_scale(y, n, cyattn_rowk_exp(x, y, n, keep, m));
+    return 1;
+}
+
+/* The float32 softmax of row x -> row y (distinct, or the same row) of n >= 32 elements, as
+   softmax_row_to / softmax_inplace compute it (the same bits), unmasked (keep NULL) or under a
+   contiguous bool mask keep[0:n] (False: weight exactly 0, x never used). Returns 0, with
+   nothing written, when the row needs the module's general rules or full exp: no kept finite
+   maximum (fully masked, +inf, NaN), or a kept score more than 87 below the maximum. The max and
+   min reductions may take any order (only their values are used); the sum keeps lanes_sum's
+   order, then the tail's: a masked lane adds +0, which changes no sum, so the bits are those of
+   the masked copy's (-inf -> exp 0) three passes. (With 16 vector registers, AVX2, gcc keeps
+   the 4 partial sums on the stack; an exp pass split in two halves of 2 partials each kept them
+   in registers but ran no faster against ONNX Runtime, nor did two rows at a time or the next
+   row's max pass moved before this row's scale, so the loops stay simple.) */
+static inline int cyattn_softmax_row_f32(const float* x, float* y, ptrdiff_t n,
+                                         const uint8_t* keep) {
+    return keep ? cyattn_softmax_row_f32_impl(x, y, n, keep)
+                : cyattn_softmax_row_f32_impl(x, y, n, NULL);
+}
+#else
+static inline void cyattn_rows_max_min_f32(const float* x, ptrdiff_t n, float* pmax, float* pmin) {
+    (void)x; (void)n; (void)pmax; (void)pmin;
+}
+static inline void cyattn_rows_exp_sum_f32(const float* x, float* y, ptrdiff_t n, float shift,
+                                           float* part) {
+    (void)x; (void)y; (void)n; (void)shift; (void)part;
+}
+static inline void cyattn_rows_scale_f32(float* y, ptrdiff_t n, float factor) {
+    (void)y; (void)n; (void)factor;
+}
+static inline int cyattn_softmax_row_f32(const float* x, float* y, ptrdiff_t n,
+                                         const uint8_t* keep) {
+    (void)x; (void)y; (void)n; (void)keep;
+    return 0;
+}
+#endif
+
 #endif /* CYATTN_SUPPORT_H */

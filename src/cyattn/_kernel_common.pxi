@@ -26,7 +26,8 @@ from cython.parallel cimport prange, parallel
 from ._kernels cimport (cyattn_cpu_features, cyattn_openmp_enabled, cyattn_omp_max_threads,
                         cyattn_omp_num_procs, cyattn_omp_pause, cyattn_prefetch_w,
                         cyattn_prefetch_r, cyattn_half_to_float, cyattn_float_to_half, cyattn_widen1,
-                        cyattn_wsum_rows, cyattn_dot_rows,
+                        cyattn_wsum_rows, cyattn_dot_rows, CYATTN_ROWK, cyattn_rows_max_min_f32,
+                        cyattn_rows_exp_sum_f32, cyattn_rows_scale_f32, cyattn_softmax_row_f32,
                         CYATTN_HALF_F16,
                         CYATTN_HALF_BF16)
 
@@ -82,6 +83,7 @@ cdef extern from *:
 # the register file, so each variant module defines them before including this file.
 cdef enum:
     LANES = 32        # partial maxima / sums per row (lanes_sum/lanes_max/lanes_min assume 32)
+    PAIR_MAX_BYTES = 4096  # softmax rows up to this size run in pairs (softmax_pair_to)
     KC = 256          # depth of a packed panel
     QB = 64           # query rows per block of the two-pass (fallback) attention path
     KB = 256          # keys per block of the fused attention (score tile qg x KB)

@@ -2,7 +2,7 @@
 # wrappers, prefetch, half-precision widening) that Cython cannot express itself. Only extern declarations live here,
 # so cimporting this file needs no runtime module.
 
-from libc.stdint cimport uint16_t
+from libc.stdint cimport uint8_t, uint16_t
 
 cdef extern from "_cyattn_support.h" nogil:
     int CYATTN_CPU_SSE2
@@ -29,6 +29,11 @@ cdef extern from "_cyattn_support.h" nogil:
                          Py_ssize_t q_stride, Py_ssize_t nq, const void* k, Py_ssize_t rows,
                          Py_ssize_t ks, Py_ssize_t n, int fmt, float scale, const void* v,
                          Py_ssize_t vs, Py_ssize_t nv, Py_ssize_t pf_bytes)
+    int CYATTN_ROWK
+    void cyattn_rows_max_min_f32(const float* x, Py_ssize_t n, float* pmax, float* pmin)
+    void cyattn_rows_exp_sum_f32(const float* x, float* y, Py_ssize_t n, float shift, float* part)
+    void cyattn_rows_scale_f32(float* y, Py_ssize_t n, float factor)
+    int cyattn_softmax_row_f32(const float* x, float* y, Py_ssize_t n, const uint8_t* keep)
     int cyattn_cpu_features()
     int cyattn_openmp_enabled()
     int cyattn_omp_max_threads()
