@@ -661,8 +661,9 @@ def test_softmax_out(variant, dtype, log):
     np.testing.assert_array_equal(buf[1:], _sm(log)(x))
 
 
+@softmax_fns
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
-def test_softmax_unmasked_rows_match_the_general_path_bits(variant, dtype):
+def test_softmax_unmasked_rows_match_the_general_path_bits(variant, dtype, log):
     # Unmasked rows whose spread stays within EXP_NORMAL (-87 / -708) take the shortened
     # exp; a mask of all True takes the general path. Both must give the same bits, on both
     # sides of the threshold, for every lane count.
@@ -675,14 +676,15 @@ def test_softmax_unmasked_rows_match_the_general_path_bits(variant, dtype):
                 x[i, :] = np.linspace(0.0, -spread, n, dtype=dtype) + dtype(3.0)
         # an additive mask of zeros changes no score and takes the general path (masked copy,
         # then in place); a bool mask of all True takes the explicit-vector path (float32)
-        general = cyattn.softmax(x, mask=np.zeros(x.shape, dtype))
-        np.testing.assert_array_equal(cyattn.softmax(x), general)
-        np.testing.assert_array_equal(cyattn.softmax(x, out=np.empty_like(x)), general)
-        np.testing.assert_array_equal(cyattn.softmax(x, mask=np.ones(x.shape, bool)), general)
+        general = _sm(log)(x, mask=np.zeros(x.shape, dtype))
+        np.testing.assert_array_equal(_sm(log)(x), general)
+        np.testing.assert_array_equal(_sm(log)(x, out=np.empty_like(x)), general)
+        np.testing.assert_array_equal(_sm(log)(x, mask=np.ones(x.shape, bool)), general)
 
 
+@softmax_fns
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
-def test_softmax_bool_masked_rows_match_the_general_path_bits(variant, dtype):
+def test_softmax_bool_masked_rows_match_the_general_path_bits(variant, dtype, log):
     # float32 rows under a bool mask of unit column stride take cyattn_softmax_row_f32's
     # explicit vectors (masked lanes add +0 to the sums); the same mask as an additive -inf /
     # 0 mask takes the general path (masked copy, then in place). Same bits, in place or not,
@@ -702,10 +704,10 @@ def test_softmax_bool_masked_rows_match_the_general_path_bits(variant, dtype):
         x[5, 3], keep[5, 3] = np.inf, False
         additive = np.where(keep, dtype(0), dtype(-np.inf)).astype(dtype)
         x_add = np.where(keep, x, dtype(0))          # -inf + a masked inf would be NaN
-        general = cyattn.softmax(x_add, mask=additive)
-        np.testing.assert_array_equal(cyattn.softmax(x, mask=keep), general)
+        general = _sm(log)(x_add, mask=additive)
+        np.testing.assert_array_equal(_sm(log)(x, mask=keep), general)
         inplace = x.copy()
-        cyattn.softmax(inplace, mask=keep, out=inplace)
+        _sm(log)(inplace, mask=keep, out=inplace)
         np.testing.assert_array_equal(inplace, general)
         # a kept score far below the maximum makes the row fall back: the same bits as the
         # row without it, where the extra score contributes an exact 0 (n % 32 kept, so the
@@ -713,8 +715,8 @@ def test_softmax_bool_masked_rows_match_the_general_path_bits(variant, dtype):
         far = np.concatenate([x, np.full((10, 1), dtype(-5 * edge))], axis=1)
         keep_far = np.concatenate([keep, np.ones((10, 1), bool)], axis=1)
         if n % 32 != 31:
-            np.testing.assert_array_equal(cyattn.softmax(far, mask=keep_far)[:, :n], general)
-            np.testing.assert_array_equal(cyattn.softmax(far[5:])[:, :n], cyattn.softmax(x[5:]))
+            np.testing.assert_array_equal(_sm(log)(far, mask=keep_far)[:, :n], general)
+            np.testing.assert_array_equal(_sm(log)(far[5:])[:, :n], _sm(log)(x[5:]))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])

@@ -727,9 +727,9 @@ CYATTN_INLINE int cyattn_rowk_max(const float* x, ptrdiff_t n, const uint8_t* ke
     return !(m == -INFINITY || m == INFINITY || !(mn - m >= -87.0f));
 }
 
-/* Pass 2: y = exp(x - m) (0 where not kept); returns 1 / their sum */
+/* Pass 2: exp(x - m) (0 where not kept), into y if store; returns their sum */
 CYATTN_INLINE float cyattn_rowk_exp(const float* x, float* y, ptrdiff_t n, const uint8_t* keep,
-                                    float m) {
+                                    float m, int store) {
     CYATTN_RV acc[CYATTN_RN], vs = cyattn_rset1(m);
     float tail = 0.0f;
     ptrdiff_t j, n32 = n - n % 32;
@@ -748,7 +748,8 @@ CYATTN_INLINE float cyattn_rowk_exp(const float* x, float* y, ptrdiff_t n, const
             CYATTN_RV e = cyattn_rexp_nonpos(cyattn_rload(x + j + k * CYATTN_RW), vs);
             if (keep)
                 e = cyattn_rzero_unless(cyattn_rkeep(keep + j + k * CYATTN_RW), e);
-            cyattn_rstore(y + j + k * CYATTN_RW, e);
+            if (store)
+                cyattn_rstore(y + j + k * CYATTN_RW, e);
             acc[k] = cyattn_radd(acc[k], e);
         }
     }
@@ -761,11 +762,12 @@ CYATTN_INLINE float cyattn_rowk_exp(const float* x, float* y, ptrdiff_t n, const
                           cyattn_rexp_nonpos(cyattn_rload(xb + k * CYATTN_RW), vs));
         for (k = 0; k < n - n32; k++) {
             float e = keep && !keep[n32 + k] ? 0.0f : eb[k];
-            y[n32 + k] = e;
+            if (store)
+                y[n32 + k] = e;
             tail += e;
         }
     }
-    return 1.0f / (cyattn_rsum32(acc) + tail);
+    return cyattn_rsum32(acc) + tail;
 }
 
 /* Pass 3: y *= f */
@@ -780,17 +782,38 @@ CYATTN_INLINE void cyattn_rowk_scale(float* y, ptrdiff_t n, float f) {
         y[j] = y[j] * f;
 }
 
+/* Pass 3 of log-softmax: y = (x - m) - lse_shift where kept, -inf - lse_shift elsewhere (as
+   softmax_inplace's two shifts of the masked copy give it: -inf, or NaN for a NaN shift) */
+CYATTN_INLINE void cyattn_rowk_log(const float* x, float* y, ptrdiff_t n, const uint8_t* keep,
+                                   float m, float lse_shift) {
+    CYATTN_RV vs = cyattn_rset1(m), vl = cyattn_rset1(lse_shift);
+    ptrdiff_t j, n32 = n - n % 32;
+    int k;
+    for (j = 0; j < n32; j += 32)
+        for (k = 0; k < CYATTN_RN; k++) {
+            CYATTN_RV a = cyattn_rsub(cyattn_rload(x + j + k * CYATTN_RW), vs);
+            if (keep)
+                a = cyattn_rsel(cyattn_rkeep(keep + j + k * CYATTN_RW), a, cyattn_rset1(-INFINITY));
+            cyattn_rstore(y + j + k * CYATTN_RW, cyattn_rsub(a, vl));
+        }
+    for (j = n32; j < n; j++)
+        y[j] = (keep && !keep[j] ? -INFINITY : x[j] - m) - lse_shift;
+}
+
 CYATTN_INLINE int cyattn_softmax_row_f32_impl(const float* x, float* y, ptrdiff_t n,
-                                              const uint8_t* keep) {
+                                              const uint8_t* keep, int log_out) {
     float m;
     if (!cyattn_rowk_max(x, n, keep, &m))
         return 0;
-    cyattn_rowk_scale(y, n, cyattn_rowk_exp(x, y, n, keep, m));
+    if (log_out)        /* softmax_inplace: log(total) in double, rounded to float */
+        cyattn_rowk_log(x, y, n, keep, m, (float)log((double)cyattn_rowk_exp(x, y, n, keep, m, 0)));
+    else
+        cyattn_rowk_scale(y, n, 1.0f / cyattn_rowk_exp(x, y, n, keep, m, 1));
     return 1;
 }
 
-/* The float32 softmax of row x -> row y (distinct, or the same row) of n >= 32 elements, as
-   softmax_row_to / softmax_inplace compute it (the same bits), unmasked (keep NULL) or under a
+/* The float32 softmax (log_out: log-softmax) of row x -> row y (distinct, or the same row) of
+   n >= 32 elements, as softmax_row_to / softmax_inplace compute it (the same bits), unmasked (keep NULL) or under a
    contiguous bool mask keep[0:n] (False: weight exactly 0, x never used). Returns 0, with
    nothing written, when the row needs the module's general rules or full exp: no kept finite
    maximum (fully masked, +inf, NaN), or a kept score more than 87 below the maximum. The max and
@@ -801,9 +824,12 @@ CYATTN_INLINE int cyattn_softmax_row_f32_impl(const float* x, float* y, ptrdiff_
    in registers but ran no faster against ONNX Runtime, nor did two rows at a time or the next
    row's max pass moved before this row's scale, so the loops stay simple.) */
 static inline int cyattn_softmax_row_f32(const float* x, float* y, ptrdiff_t n,
-                                         const uint8_t* keep) {
-    return keep ? cyattn_softmax_row_f32_impl(x, y, n, keep)
-                : cyattn_softmax_row_f32_impl(x, y, n, NULL);
+                                         const uint8_t* keep, int log_out) {
+    if (log_out)
+        return keep ? cyattn_softmax_row_f32_impl(x, y, n, keep, 1)
+                    : cyattn_softmax_row_f32_impl(x, y, n, NULL, 1);
+    return keep ? cyattn_softmax_row_f32_impl(x, y, n, keep, 0)
+                : cyattn_softmax_row_f32_impl(x, y, n, NULL, 0);
 }
 #else
 static inline void cyattn_rows_max_min_f32(const float* x, ptrdiff_t n, float* pmax, float* pmin) {
@@ -817,8 +843,8 @@ static inline void cyattn_rows_scale_f32(float* y, ptrdiff_t n, float factor) {
     (void)y; (void)n; (void)factor;
 }
 static inline int cyattn_softmax_row_f32(const float* x, float* y, ptrdiff_t n,
-                                         const uint8_t* keep) {
-    (void)x; (void)y; (void)n; (void)keep;
+                                         const uint8_t* keep, int log_out) {
+    (void)x; (void)y; (void)n; (void)keep; (void)log_out;
     return 0;
 }
 #endif

@@ -83,7 +83,6 @@ cdef extern from *:
 # the register file, so each variant module defines them before including this file.
 cdef enum:
     LANES = 32        # partial maxima / sums per row (lanes_sum/lanes_max/lanes_min assume 32)
-    PAIR_MAX_BYTES = 4096  # softmax rows up to this size run in pairs (softmax_pair_to)
     KC = 256          # depth of a packed panel
     QB = 64           # query rows per block of the two-pass (fallback) attention path
     KB = 256          # keys per block of the fused attention (score tile qg x KB)

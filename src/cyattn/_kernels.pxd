@@ -33,7 +33,8 @@ cdef extern from "_cyattn_support.h" nogil:
     void cyattn_rows_max_min_f32(const float* x, Py_ssize_t n, float* pmax, float* pmin)
     void cyattn_rows_exp_sum_f32(const float* x, float* y, Py_ssize_t n, float shift, float* part)
     void cyattn_rows_scale_f32(float* y, Py_ssize_t n, float factor)
-    int cyattn_softmax_row_f32(const float* x, float* y, Py_ssize_t n, const uint8_t* keep)
+    int cyattn_softmax_row_f32(const float* x, float* y, Py_ssize_t n, const uint8_t* keep,
+                               int log_out)
     int cyattn_cpu_features()
     int cyattn_openmp_enabled()
     int cyattn_omp_max_threads()

@@ -5,13 +5,15 @@
 # ------
 # * softmax rows: three passes (max and min; exp and sum; scale) with LANES lane-wise partial
 #   maxima and sums combined in a fixed order, so results do not depend on threads. Unmasked
-#   rows run two at a time with fused loops (softmax_pair_to), the same bits as one by one.
-# * float32 softmax rows (not log), unmasked or under a bool mask of unit column stride, take
-#   the explicit AVX2 / AVX-512 vectors of cyattn_softmax_row_f32 (_cyattn_support.h) where the
-#   variant has them: the same operations per lane in the same order, so the same bits as the
-#   loops here (tests/test_kernels.py, *_match_the_general_path_bits); 1.1-1.4x faster
-#   unmasked and 1.5-3x under a mask (issue 26). row_max_min, row_exp_sum_to's shortened exp
-#   and row_scale use its passes for their float32 loops too.
+#   rows run two at a time with fused loops (softmax_pair_to), the same bits as one by one
+#   (float64, and float32 in the baseline variant).
+# * float32 softmax and log-softmax rows, unmasked or under a bool mask of unit column stride,
+#   take the explicit AVX2 vectors of cyattn_softmax_row_f32 (_cyattn_support.h) in the avx2
+#   and avx512 variants, one row at a time: the same operations per lane in the same order, so
+#   the same bits as the loops here (tests/test_kernels.py, *_match_the_general_path_bits);
+#   against the loops on a Zen 3 host, 1.1-1.4x faster unmasked (1.2-1.3x more on inputs past
+#   L2, from a prefetch of the next row) and 1.5-3x under a mask (issue 26). row_max_min,
+#   row_exp_sum_to's shortened exp and row_scale use its passes for their float32 loops too.
 
 cdef inline floating lanes_sum(floating* part) noexcept nogil:
     """part[0] + ... + part[LANES-1] combined pairwise (lane j with j + 16, then + 8, ...).
@@ -294,14 +296,13 @@ cdef inline void softmax_row(const floating* x, floating* y, Py_ssize_t n,
                              const uint8_t* bmask, Py_ssize_t b_cs,
                              const floating* amask, Py_ssize_t a_cs,
                              bint log_out, bint direct) noexcept nogil:
-    """One row of softmax_row_tasks: for float32 softmax rows (not log), unmasked or under a
-    bool mask of unit column stride, cyattn_softmax_row_f32's explicit vectors where the row
-    allows (the same bits as below); else straight from x to y for an unmasked softmax into a
-    distinct row (direct), else a masked copy, then in place."""
+    """One row of softmax_row_tasks: for float32 rows, unmasked or under a bool mask of unit
+    column stride, cyattn_softmax_row_f32's explicit vectors where the row allows (the same
+    bits as below); else straight from x to y for an unmasked softmax into a distinct row
+    (direct), else a masked copy, then in place."""
     if floating is float:
-        if (CYATTN_ROWK and n >= LANES and not log_out and amask == NULL
-                and (bmask == NULL or b_cs == 1)):
-            if cyattn_softmax_row_f32(x, y, n, bmask):
+        if CYATTN_ROWK and n >= LANES and amask == NULL and (bmask == NULL or b_cs == 1):
+            if cyattn_softmax_row_f32(x, y, n, bmask, log_out):
                 return
     if direct:
         softmax_row_to(x, y, n)
@@ -413,7 +414,7 @@ cdef void softmax_row_tasks(const floating* x, floating* y, Py_ssize_t rows, Py_
                             bint log_out, int n_threads) noexcept nogil:
     cdef Py_ssize_t r, pair
     cdef bint direct = bmask == NULL and amask == NULL and x != y and not log_out
-    cdef bint pairs = direct and n >= LANES and n * <Py_ssize_t>sizeof(floating) <= PAIR_MAX_BYTES
+    cdef bint pairs = direct and n >= LANES
     if floating is float:
         if CYATTN_ROWK:                 # softmax_row's explicit vectors, one row at a time
             pairs = False
