@@ -772,13 +772,9 @@ CYATTN_INLINE float cyattn_rowk_exp(const float* x, float* y, ptrdiff_t n, const
 
 /* Pass 3: y *= f */
 CYATTN_INLINE void cyattn_rowk_scale(float* y, ptrdiff_t n, float f) {
-    CYATTN_RV vf = cyattn_rset1(f);
-    ptrdiff_t j, n32 = n - n % 32;
-    int k;
-    for (j = 0; j < n32; j += 32)
-        for (k = 0; k < CYATTN_RN; k++)
-            cyattn_rstore(y + j + k * CYATTN_RW, cyattn_rmul(cyattn_rload(y + j + k * CYATTN_RW), vf));
-    for (j = n32; j < n; j++)
+    ptrdiff_t j;
+    cyattn_rows_scale_f32(y, n, f);
+    for (j = n - n % 32; j < n; j++)
         y[j] = y[j] * f;
 }
 
