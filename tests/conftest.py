@@ -31,7 +31,8 @@ import warnings
 # Some hosts (this project's CI machines among them) set OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE in
 # every environment. They slow NumPy's OpenBLAS, and the bench tests that set one of them to
 # check the bench's re-run without them expect it alone: the suite and its child processes
-# run without them (popped before NumPy is imported; the shell that ran pytest keeps them).
+# run without them (popped before this file imports NumPy; the shell that ran pytest keeps
+# them).
 for _name in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
     os.environ.pop(_name, None)
 

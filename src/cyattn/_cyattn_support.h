@@ -562,9 +562,9 @@ static inline void cyattn_dot_rows(float* scores, ptrdiff_t ss, const float* q, 
    *_match_the_general_path_bits tests); the point is the code: gcc's vectorisation of those
    loops ran the exp pass about 1.3x slower. The constants are those of exp_core_f32: keep the
    two in step. 256-bit vectors in the avx2 variant (4 per 32 lanes), 512-bit in the avx512
-   variant (2 per 32 lanes, masks as k-registers): on a Zen 4 host (512-bit ops on 256-bit
-   pipes) the 512-bit rows ran 1.3-1.4x faster than the 256-bit ones at 1 thread (rows of 512
-   and 2048, /tmp A/B against ONNX Runtime), fewer instructions for the same FP work. Without
+   variant (2 per 32 lanes, masks as k-registers): on a Zen 5 host (family 26, full-width
+   512-bit FMA) the 512-bit rows ran 1.2-1.7x faster than the 256-bit ones at 1 thread (rows of
+   512 and 2048, alternating builds, each timed against ONNX Runtime). Without
    AVX2 and FMA (baseline), CYATTN_ROWK is 0 and the module keeps its loops (the stubs below
    are never called).
    cyattn_rpow2(t): 2**n as a float from the shifter sum t (exp_f32_nonpos's (ni + 127) << 23
