@@ -302,7 +302,7 @@ typedef __m512 cyattn_vec;
 /* a + w * x where w != 0 (or NaN), else a unchanged (w: a broadcast weight) */
 #define cyattn_vfmadd_nz(w, x, a) \
     _mm512_mask3_fmadd_ps((w), (x), (a), _mm512_cmp_ps_mask((w), _mm512_setzero_ps(), _CMP_NEQ_UQ))
-static inline __m512 cyattn_vload(const void* v, ptrdiff_t i, int fmt) {
+CYATTN_INLINE __m512 cyattn_vload(const void* v, ptrdiff_t i, int fmt) {
     if (fmt == 0) return _mm512_loadu_ps((const float*)v + i);
     if (fmt == CYATTN_HALF_F16)
         return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)v + i)));
@@ -317,7 +317,7 @@ typedef __m256 cyattn_vec;
 #define cyattn_vset1 _mm256_set1_ps
 #define cyattn_vfmadd_nz(w, x, a) _mm256_blendv_ps((a), _mm256_fmadd_ps((w), (x), (a)), \
                                                    _mm256_cmp_ps((w), _mm256_setzero_ps(), _CMP_NEQ_UQ))
-static inline __m256 cyattn_vload(const void* v, ptrdiff_t i, int fmt) {
+CYATTN_INLINE __m256 cyattn_vload(const void* v, ptrdiff_t i, int fmt) {
     if (fmt == 0) return _mm256_loadu_ps((const float*)v + i);
     if (fmt == CYATTN_HALF_F16)
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)v + i)));
@@ -336,9 +336,18 @@ CYATTN_INLINE void cyattn_wsum_block(
     ptrdiff_t esz = fmt == 0 ? 4 : 2;
     ptrdiff_t end = rows * vs * esz;       /* prefetches stay inside the rows */
 #if defined(CYATTN_VW)
-    /* accumulator blocks per row: 4 vectors for one row, 2 for more (registers) */
+    /* accumulator blocks per row, as many as the registers hold: with 32 (AVX-512) 8 vectors
+       for one row (Ev = 128 in one sweep: 8 independent FMA chains per value row, where 4
+       left half the FMA throughput to the chains' latency), 4 for two rows, 2 for more; with
+       16 (AVX2) 4 for one row, 2 for more. Each accumulator element sees the same updates in
+       the same order whatever the blocking. */
+#if CYATTN_VW == 16
+    enum { NB = 8 };
+    const int nb = nq == 1 ? 8 : nq == 2 ? 4 : 2;
+#else
     enum { NB = 4 };
     const int nb = nq == 1 ? 4 : 2;
+#endif
     for (; e0 + nb * CYATTN_VW <= n; e0 += nb * CYATTN_VW) {
         cyattn_vec a[4][NB];
         int b;
@@ -371,9 +380,10 @@ CYATTN_INLINE void cyattn_wsum_block(
     *e_done = e0;
 }
 
-static inline void cyattn_wsum_rows(float* acc, ptrdiff_t as, const float* w, ptrdiff_t ws,
-                                    ptrdiff_t nq, const void* v, ptrdiff_t rows, ptrdiff_t vs,
-                                    ptrdiff_t n, int fmt, ptrdiff_t pf_bytes) {
+CYATTN_INLINE void cyattn_wsum_rows_fmt(float* acc, ptrdiff_t as, const float* w, ptrdiff_t ws,
+                                        ptrdiff_t nq, const void* v, ptrdiff_t rows,
+                                        ptrdiff_t vs, ptrdiff_t n, const int fmt,
+                                        ptrdiff_t pf_bytes) {
     ptrdiff_t e0 = 0, j, e, off, r;
     ptrdiff_t esz = fmt == 0 ? 4 : 2;
     ptrdiff_t end = rows * vs * esz;
@@ -399,6 +409,19 @@ static inline void cyattn_wsum_rows(float* acc, ptrdiff_t as, const float* w, pt
                                               acc[r * as + e]);
         }
     }
+}
+
+/* cyattn_wsum_rows_fmt with fmt a constant in each copy: gcc left the element format's test in
+   the inner loops of the one copy (a compare and branch per loaded vector) */
+static inline void cyattn_wsum_rows(float* acc, ptrdiff_t as, const float* w, ptrdiff_t ws,
+                                    ptrdiff_t nq, const void* v, ptrdiff_t rows, ptrdiff_t vs,
+                                    ptrdiff_t n, int fmt, ptrdiff_t pf_bytes) {
+    if (fmt == 0)
+        cyattn_wsum_rows_fmt(acc, as, w, ws, nq, v, rows, vs, n, 0, pf_bytes);
+    else if (fmt == CYATTN_HALF_F16)
+        cyattn_wsum_rows_fmt(acc, as, w, ws, nq, v, rows, vs, n, CYATTN_HALF_F16, pf_bytes);
+    else
+        cyattn_wsum_rows_fmt(acc, as, w, ws, nq, v, rows, vs, n, CYATTN_HALF_BF16, pf_bytes);
 }
 
 /* ---- decode: scores of a few query rows against a run of key rows --------------------- */
@@ -455,10 +478,11 @@ CYATTN_INLINE void cyattn_prefetch_rows_ahead(const void* k, ptrdiff_t ks, ptrdi
     }
 }
 
-static inline void cyattn_dot_rows(float* scores, ptrdiff_t ss, const float* q, ptrdiff_t qs,
-                                   ptrdiff_t nq, const void* k, ptrdiff_t rows, ptrdiff_t ks,
-                                   ptrdiff_t n, int fmt, float scale, const void* v,
-                                   ptrdiff_t vs, ptrdiff_t nv, ptrdiff_t pf_bytes) {
+CYATTN_INLINE void cyattn_dot_rows_fmt(float* scores, ptrdiff_t ss, const float* q,
+                                       ptrdiff_t qs, ptrdiff_t nq, const void* k, ptrdiff_t rows,
+                                       ptrdiff_t ks, ptrdiff_t n, const int fmt, float scale,
+                                       const void* v, ptrdiff_t vs, ptrdiff_t nv,
+                                       ptrdiff_t pf_bytes) {
     ptrdiff_t j = 0, e, i, r;
     ptrdiff_t esz = fmt == 0 ? 4 : 2;
     ptrdiff_t pf = pf_bytes > 0 ? pf_bytes / esz / (n > 0 ? n : 1) + 1 : -1;
@@ -551,6 +575,21 @@ static inline void cyattn_dot_rows(float* scores, ptrdiff_t ss, const float* q, 
         }
     }
     (void)i;
+}
+
+/* cyattn_dot_rows_fmt with fmt a constant in each copy (as cyattn_wsum_rows) */
+static inline void cyattn_dot_rows(float* scores, ptrdiff_t ss, const float* q, ptrdiff_t qs,
+                                   ptrdiff_t nq, const void* k, ptrdiff_t rows, ptrdiff_t ks,
+                                   ptrdiff_t n, int fmt, float scale, const void* v,
+                                   ptrdiff_t vs, ptrdiff_t nv, ptrdiff_t pf_bytes) {
+    if (fmt == 0)
+        cyattn_dot_rows_fmt(scores, ss, q, qs, nq, k, rows, ks, n, 0, scale, v, vs, nv, pf_bytes);
+    else if (fmt == CYATTN_HALF_F16)
+        cyattn_dot_rows_fmt(scores, ss, q, qs, nq, k, rows, ks, n, CYATTN_HALF_F16, scale, v, vs,
+                            nv, pf_bytes);
+    else
+        cyattn_dot_rows_fmt(scores, ss, q, qs, nq, k, rows, ks, n, CYATTN_HALF_BF16, scale, v,
+                            vs, nv, pf_bytes);
 }
 
 /* Float32 softmax row passes in explicit vectors (issue 26): the lane-wise max/min, the exp
