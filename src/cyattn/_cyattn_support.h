@@ -328,26 +328,20 @@ CYATTN_INLINE __m256 cyattn_vload(const void* v, ptrdiff_t i, int fmt) {
 
 /* The value pass of nq (1..4) query rows over the same value rows: for each row r,
    acc[r * as + 0:n] += w[r * ws + j] * v[j * vs + 0:n] over j in order as above (row r skips
-   the rows j of zero weight). Each value block is loaded once for all nq rows. */
-CYATTN_INLINE void cyattn_wsum_block(
-        float* acc, ptrdiff_t as, const float* w, ptrdiff_t ws, const int nq, const void* v,
-        ptrdiff_t rows, ptrdiff_t vs, ptrdiff_t n, int fmt, ptrdiff_t pf_bytes, ptrdiff_t* e_done) {
-    ptrdiff_t e0 = 0, j, off, r;
+   the rows j of zero weight). Each value block is loaded once for all nq rows. One sweep over
+   the rows per block of nb vectors of elements, from *e_done on while whole blocks remain;
+   *e_done: where the next sweep starts. nq and nb are constants at every call, so the
+   accumulators stay in registers. Each accumulator element sees the same updates in the same
+   order whatever the blocking, so the sweeps' widths do not change the bits. */
+#if defined(CYATTN_VW)
+CYATTN_INLINE void cyattn_wsum_sweep(
+        float* acc, ptrdiff_t as, const float* w, ptrdiff_t ws, const int nq, const int nb,
+        const void* v, ptrdiff_t rows, ptrdiff_t vs, ptrdiff_t n, int fmt,
+        ptrdiff_t* pf_bytes, ptrdiff_t* e_done) {
+    enum { NB = 8 };
+    ptrdiff_t e0 = *e_done, j, off, r;
     ptrdiff_t esz = fmt == 0 ? 4 : 2;
     ptrdiff_t end = rows * vs * esz;       /* prefetches stay inside the rows */
-#if defined(CYATTN_VW)
-    /* accumulator blocks per row, as many as the registers hold: with 32 (AVX-512) 8 vectors
-       for one row (Ev = 128 in one sweep: 8 independent FMA chains per value row, where 4
-       left half the FMA throughput to the chains' latency), 4 for two rows, 2 for more; with
-       16 (AVX2) 4 for one row, 2 for more. Each accumulator element sees the same updates in
-       the same order whatever the blocking. */
-#if CYATTN_VW == 16
-    enum { NB = 8 };
-    const int nb = nq == 1 ? 8 : nq == 2 ? 4 : 2;
-#else
-    enum { NB = 4 };
-    const int nb = nq == 1 ? 4 : 2;
-#endif
     for (; e0 + nb * CYATTN_VW <= n; e0 += nb * CYATTN_VW) {
         cyattn_vec a[4][NB];
         int b;
@@ -356,9 +350,9 @@ CYATTN_INLINE void cyattn_wsum_block(
                 a[r][b] = cyattn_vloadf(acc + r * as + e0 + b * CYATTN_VW);
         for (j = 0; j < rows; j++) {
             cyattn_vec x[NB];
-            if (pf_bytes > 0 && j * vs * esz + pf_bytes < end)
+            if (*pf_bytes > 0 && j * vs * esz + *pf_bytes < end)
                 for (off = 0; off < n * esz; off += 64)
-                    cyattn_prefetch_r((const char*)v + j * vs * esz + pf_bytes + off);
+                    cyattn_prefetch_r((const char*)v + j * vs * esz + *pf_bytes + off);
             for (b = 0; b < nb; b++)
                 x[b] = cyattn_vload(v, j * vs + e0 + b * CYATTN_VW, fmt);
             for (r = 0; r < nq; r++) {     /* branch-free: a zero weight keeps a as it is */
@@ -370,14 +364,36 @@ CYATTN_INLINE void cyattn_wsum_block(
         for (r = 0; r < nq; r++)
             for (b = 0; b < nb; b++)
                 cyattn_vstoref(acc + r * as + e0 + b * CYATTN_VW, a[r][b]);
-        pf_bytes = 0;
+        *pf_bytes = 0;                     /* the first sweep prefetched whole rows */
     }
-#endif
-    (void)off;
-    (void)end;
-    (void)j;
-    (void)r;
     *e_done = e0;
+}
+#endif
+
+/* The vector sweeps of the value pass, widest first, as many accumulator vectors per row as
+   the registers hold: with 32 (AVX-512) 8 for one row (Ev = 128 in one sweep, 8 independent
+   FMA chains per value row, where 4 left half the FMA throughput to the chains' latency), 4
+   for two rows, 2 for more; with 16 (AVX2) 4 for one row, 2 for more; then narrower sweeps
+   for what is left. *e_done: the elements done (the rest is the caller's, row by row). */
+CYATTN_INLINE void cyattn_wsum_block(
+        float* acc, ptrdiff_t as, const float* w, ptrdiff_t ws, const int nq, const void* v,
+        ptrdiff_t rows, ptrdiff_t vs, ptrdiff_t n, int fmt, ptrdiff_t pf_bytes, ptrdiff_t* e_done) {
+    *e_done = 0;
+#if defined(CYATTN_VW)
+#if CYATTN_VW == 16
+    if (nq == 1)
+        cyattn_wsum_sweep(acc, as, w, ws, nq, 8, v, rows, vs, n, fmt, &pf_bytes, e_done);
+    if (nq <= 2)
+        cyattn_wsum_sweep(acc, as, w, ws, nq, 4, v, rows, vs, n, fmt, &pf_bytes, e_done);
+#else
+    if (nq == 1)
+        cyattn_wsum_sweep(acc, as, w, ws, nq, 4, v, rows, vs, n, fmt, &pf_bytes, e_done);
+#endif
+    cyattn_wsum_sweep(acc, as, w, ws, nq, 2, v, rows, vs, n, fmt, &pf_bytes, e_done);
+#else
+    (void)acc; (void)as; (void)w; (void)ws; (void)nq; (void)v; (void)rows; (void)vs; (void)n;
+    (void)fmt; (void)pf_bytes;
+#endif
 }
 
 CYATTN_INLINE void cyattn_wsum_rows_fmt(float* acc, ptrdiff_t as, const float* w, ptrdiff_t ws,
