@@ -32,7 +32,8 @@ import warnings
 # every environment. They slow NumPy's OpenBLAS, and the bench tests that set one of them to
 # check the bench's re-run without them expect it alone: the suite and its child processes
 # run without them (popped before this file imports NumPy; the shell that ran pytest keeps
-# them).
+# them). The names are cyattn._bench.timing.BLAS_ENV_VARS, spelled out here because importing
+# cyattn would import NumPy first: keep the two in step.
 for _name in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
     os.environ.pop(_name, None)
 
