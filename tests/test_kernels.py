@@ -124,13 +124,15 @@ def test_matmul_sizes(variant, dtype, shape):
 @pytest.mark.parametrize("shape", [(64, 64, 64), (13, 50, 70), (5, 64, 256), (3, 40, 1),
                                    (96, 96, 96), (7, 24, 9), (1, 300, 600), (3, 70, 513),
                                    (4, 64, 1000), (2, 1000, 300), (1, 1, 257), (1, 600, 70),
-                                   (1, 512, 300), (1, 1100, 40)],
+                                   (1, 512, 300), (1, 1100, 40), (15, 1536, 384),
+                                   (24, 384, 1536), (17, 1152, 300), (9, 100, 300),
+                                   (25, 384, 384)],
                          ids=lambda s: "x".join(map(str, s)))
 @native_dtypes
 def test_matmul_unpacked_small_path_same_bits(variant, dtype, shape):
     # Small products of row-major operands skip packing (gemm_small, with zero rows and a
     # packed last panel at the edges; one row runs whole tiles of accumulators along the row),
-    # and so do products of a few rows with K > KC (in KC blocks) in the avx512 variant; an A
+    # and so do products of up to 24 rows with K > KC (in KC blocks) in the avx512 variant; an A
     # whose columns are not adjacent takes the packed path. Both must sum every element in the
     # same order, so the bits are equal.
     M, N, K = shape

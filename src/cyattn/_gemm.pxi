@@ -17,8 +17,9 @@
 #   its own B, and tiles of MC rows repacked B once per 144 rows (13 % of an n=1024 product).
 #   The micro-kernel prefetches every cache line of its C tile on entry (+4-8 % at n >= 1024).
 #   Products up to SMALL_MNK with row-major A and B and K <= KC skip packing (gemm_small), and
-#   so do products of at most DMR rows with a B of at most SMALL_B_BYTES (K in KC blocks; the
-#   avx512 variant only, where packing B cost more than such a product: 1.5-2.8x): a
+#   so do products of at most SMALL_B_ROWS rows with a B of at most SMALL_B_BYTES (K in KC
+#   blocks; the avx512 variant only, where packing B cost more than such a product: 1.5-2.8x
+#   at 1-4 rows, 1.1-1.6x at 8-24 rows of B from memory): a
 #   DMR x DNR micro-kernel reads A's rows and B's rows in place (4 rows keep the row pointers
 #   in registers; 8 spilled them), with the same multiply-adds in the same order, so the same
 #   bits. Packing was a third of an n=64 product.
@@ -468,7 +469,7 @@ cdef void gemm_block(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
         return
     if (csa == 1 and csb == 1 and not overwrite
             and ((K <= KC and M * N * K <= SMALL_MNK)
-                 or (M <= dmr and N * K * <Py_ssize_t>sizeof(floating) <= SMALL_B_BYTES))
+                 or (M <= SMALL_B_ROWS and N * K * <Py_ssize_t>sizeof(floating) <= SMALL_B_BYTES))
             and round_up(N, dnr) - N <= round_up(N, nr) - N):
         # row-major, small (or one tile of rows against a B that L2 holds), and the unpacked
         # tile pads no more columns than the packed one

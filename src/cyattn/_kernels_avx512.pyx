@@ -24,9 +24,14 @@ cdef enum:
     DNRD = 32
     DMR_MAX = 4
     DNR_MAX = 64
-    # Products of at most DMR rows by a B of at most this many bytes run unpacked (gemm_small):
-    # packing B cost more than the product (M = 1-4 against 1.8-4 MiB: 1.5-2.8x faster
-    # unpacked; a 64 MiB B from memory stays packed)
+    # Products of at most SMALL_B_ROWS rows by a B of at most SMALL_B_BYTES run unpacked
+    # (gemm_small): packing B cost more than the product (M = 1-4 against 1.8-4 MiB: 1.5-2.8x
+    # faster unpacked; a 64 MiB B from memory stays packed). Up to 24 rows (issue 25: the
+    # encoder's one-text requests, 11-20 tokens against 24 weight matrices of 0.6-2.3 MiB that
+    # come from memory): 1.3-1.6x faster at M = 8-20 and 1.1x at 24 on a Zen 5 core, 1.1x at
+    # 2 threads; with B in cache the unpacked tile is 0.92x the packed one at 24 rows and wins
+    # below 16 (alternating builds, a sweep over the model's 24 weight matrices, M = 8-32).
     SMALL_B_BYTES = 1 << 22
+    SMALL_B_ROWS = 24
 
 include "_kernel_sources.pxi"

@@ -23,3 +23,4 @@ cdef enum:
     # 24-column tile reads a row of B 1.5 cache lines at a time, and against a B of 2-4 MiB it
     # ran at 0.7-0.8x the packed path (1.27x at 1.8 MiB: too narrow a margin to keep).
     SMALL_B_BYTES = 0
+    SMALL_B_ROWS = 0     # so the unpacked path is only for small products
