@@ -1622,3 +1622,94 @@ def test_matmul_infinite_alpha_over_several_k_blocks(variant, dtype, alpha):
     np.testing.assert_array_equal(out, np.asarray(expected, dtype))
     assert np.isinf(out[0]).all() and (np.sign(out[0]) == -np.sign(alpha)).all()
     assert np.isnan(out[1]).all()
+
+
+# ------------------------------------------------------------------------------------------
+# The encoder's row passes (_encoder_rows.pxi): bias + GELU and LayerNorm
+# ------------------------------------------------------------------------------------------
+
+def test_gelu_matches_exact_erf_gelu(variant):
+    from cyattn.encoder import gelu_
+    x = np.linspace(-12, 12, 240001, dtype=np.float32)
+    x = np.concatenate([x, np.float32([0.0, -0.0, 1e-30, -1e-30, 30.0, -30.0, 1e4, -1e4])])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")              # no overflow warning escapes
+        got = gelu_(x.copy())
+        huge = gelu_(np.float32([3e38, -3e38, 1e30, -1e30, np.inf]))
+    np.testing.assert_array_equal(huge, np.float32([3e38, 0, 1e30, 0, np.inf]))
+    assert np.isnan(gelu_(np.float32([np.nan]))).all()
+    exact = np.array([0.5 * v * (1.0 + math.erf(v / math.sqrt(2.0))) for v in x.tolist()])
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, exact, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got[np.abs(x) <= 1], exact[np.abs(x) <= 1], rtol=4e-7, atol=1e-12)
+
+
+def test_gelu_rejects_what_it_cannot_write():
+    from cyattn.encoder import gelu_
+    with pytest.raises(ValueError, match="float32"):
+        gelu_(np.zeros(4))
+    with pytest.raises(ValueError, match="contiguous"):
+        gelu_(np.zeros((4, 4), np.float32)[:, ::2])
+    ro = np.zeros(4, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        gelu_(ro)
+
+
+ROW_WIDTHS = [1, 7, 31, 32, 33, 64, 100, 384, 1000]
+
+
+@pytest.mark.parametrize("n", ROW_WIDTHS)
+def test_gelu_rows_bias_is_added_first(variant, n):
+    from cyattn.encoder import _bert
+    rng = np.random.default_rng(n)
+    h = (rng.standard_normal((5, n)) * 3).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    fused = h.copy()
+    _backend.kernels.gelu_rows(fused, bias, _bert._GELU_P, 1)
+    np.testing.assert_array_equal(fused, _bert.gelu_(h + bias))
+
+
+@pytest.mark.parametrize("n", ROW_WIDTHS)
+def test_layer_norm_rows_match_float64(variant, n):
+    # torch.nn.LayerNorm's definition: biased variance, eps inside the square root; rows far
+    # from zero mean (the centring must not lose them), tiny-variance and constant rows
+    rng = np.random.default_rng(100 + n)
+    x = (rng.standard_normal((6, n)) * rng.uniform(0.01, 20, (6, 1))
+         + rng.uniform(-50, 50, (6, 1))).astype(np.float32)
+    x[4] = np.float32(3.25)
+    x[5] = x[5] * np.float32(1e-4) + np.float32(7)
+    weight = rng.standard_normal(n).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    for eps in (1e-12, 1e-5):
+        got = x.copy()
+        _backend.kernels.layer_norm_rows(got, weight, bias, eps, 1)
+        x64 = x.astype(np.float64)
+        centred = x64 - x64.mean(axis=1, keepdims=True)
+        var = (centred * centred).mean(axis=1, keepdims=True)
+        expected = centred / np.sqrt(var + np.float32(eps)) * weight + bias
+        # a row's mean and variance are n-term float32 sums; the constant row is exact
+        assert_close(got, expected, np.float32, k=n)
+        np.testing.assert_array_equal(got[4], bias)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_encoder_row_passes_same_bits_for_any_thread_count_and_batch(variant, threads):
+    from cyattn.encoder import _bert
+    rng = np.random.default_rng(threads)
+    rows, n = 301, 384                     # enough elements for every thread to get rows
+    x = (rng.standard_normal((rows, n)) * 4).astype(np.float32)
+    w, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    K = _backend.kernels
+    one, many, alone = x.copy(), x.copy(), x[150:151].copy()
+    K.layer_norm_rows(one, w, b, 1e-12, 1)
+    K.layer_norm_rows(many, w, b, 1e-12, threads)
+    K.layer_norm_rows(alone, w, b, 1e-12, threads)
+    np.testing.assert_array_equal(one, many)
+    np.testing.assert_array_equal(alone[0], one[150])
+    one, many, alone = x.copy(), x.copy(), x[150:151].copy()
+    K.gelu_rows(one, b, _bert._GELU_P, 1)
+    K.gelu_rows(many, b, _bert._GELU_P, threads)
+    K.gelu_rows(alone, b, _bert._GELU_P, threads)
+    np.testing.assert_array_equal(one, many)
+    np.testing.assert_array_equal(alone[0], one[150])

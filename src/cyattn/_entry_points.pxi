@@ -54,6 +54,56 @@ def tanh_values(x, out):
         PyBuffer_Release(&xv)
 
 
+def gelu_rows(h, bias, p, int n_threads):
+    """h = GELU(h + bias) in place, row by row: h a C-contiguous 2-D float32 array, bias None or
+    a C-contiguous float32 array of h's row length, p the 7 float32 coefficients of the GELU
+    polynomial (_encoder_rows.pxi). Trusts its arguments (cyattn.encoder checks them)."""
+    cdef Py_buffer hv, bv, pv
+    cdef float* hp = <float*>_buf(h, &hv, True)
+    cdef const float* bp = NULL
+    cdef const float* pp
+    cdef Py_ssize_t rows = hv.shape[0], n = hv.shape[1]
+    try:
+        pp = <const float*>_buf(p, &pv, False)
+        try:
+            if bias is not None:
+                bp = <const float*>_buf(bias, &bv, False)
+            try:
+                with nogil:
+                    gelu_row_tasks(hp, bp, rows, n, pp, n_threads)
+            finally:
+                if bias is not None:
+                    PyBuffer_Release(&bv)
+        finally:
+            PyBuffer_Release(&pv)
+    finally:
+        PyBuffer_Release(&hv)
+
+
+def layer_norm_rows(x, weight, bias, float eps, int n_threads):
+    """x = LayerNorm(x) over its rows in place: x a C-contiguous 2-D float32 array, weight and
+    bias C-contiguous float32 arrays of x's row length (_encoder_rows.pxi). Trusts its
+    arguments (cyattn.encoder checks them)."""
+    cdef Py_buffer xv, wv, bv
+    cdef float* xp = <float*>_buf(x, &xv, True)
+    cdef const float* wp
+    cdef const float* bp
+    cdef Py_ssize_t rows = xv.shape[0], n = xv.shape[1]
+    try:
+        wp = <const float*>_buf(weight, &wv, False)
+        try:
+            bp = <const float*>_buf(bias, &bv, False)
+            try:
+                with nogil:
+                    layer_norm_row_tasks(xp, rows, n, wp, bp, eps, n_threads)
+            finally:
+                PyBuffer_Release(&bv)
+        finally:
+            PyBuffer_Release(&wv)
+    finally:
+        PyBuffer_Release(&xv)
+
+
 def half_to_float32(x, out, int fmt):
     """out = x widened to float32 with the kernels' conversion (tests): x a 1-D C-contiguous
     uint16 array of float16 (fmt 1) or bfloat16 (fmt 2) bit patterns, out float32 of x's size."""

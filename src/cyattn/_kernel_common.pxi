@@ -15,7 +15,7 @@
 
 from libc.stdlib cimport malloc, free
 from libc.string cimport memset, memcpy
-from libc.math cimport log, isnan, sqrt
+from libc.math cimport log, isnan, sqrt, sqrtf
 from libc.stdint cimport int32_t, uint16_t, uint32_t, int64_t, uint64_t, uint8_t, uintptr_t
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_RECORDS_RO, PyBUF_RECORDS,
                              PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE)

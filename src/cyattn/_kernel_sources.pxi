@@ -4,6 +4,7 @@
 include "_kernel_common.pxi"      # imports, C helpers, variant-independent blocking constants
 include "_exp.pxi"                # exp and tanh (float32/float64)
 include "_softmax_rows.pxi"       # softmax / log_softmax rows, masked and unmasked
+include "_encoder_rows.pxi"       # bias + GELU and LayerNorm rows (cyattn.encoder)
 include "_gemm.pxi"               # packing, micro-kernels, GEMM drivers (matmul_accumulate)
 include "_attention_variants.pxi" # row limits (causal, window, lengths), softcap, ALiBi, sinks
 include "_attention_fused.pxi"    # fused attention: tasks, panels, masks, online softmax
