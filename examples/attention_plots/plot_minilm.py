@@ -42,7 +42,9 @@ TEXTS = ("My printer shows offline after the latest Windows update",
 class AttentionRecorder:
     """Stands in for the ``cyattn`` module inside ``embed``: every other name is cyattn's, and
     each ``scaled_dot_product_attention`` call is run as usual after copying its query, key
-    and mask (the views it gets are reused by the next layer)."""
+    and mask (the views it gets are reused by the next layer). A padded batch passes per-text
+    ``key_lengths`` instead of a mask; they are recorded as the bool key-padding mask
+    ``(B, 1, 1, S)`` they are equivalent to, which the plot greys out."""
 
     def __init__(self):
         self.calls = []
@@ -51,8 +53,12 @@ class AttentionRecorder:
         return getattr(cyattn, name)
 
     def scaled_dot_product_attention(self, query, key, value, attn_mask=None, **kwargs):
-        self.calls.append((np.array(query), np.array(key),
-                           None if attn_mask is None else np.array(attn_mask)))
+        mask = None if attn_mask is None else np.array(attn_mask)
+        key_lengths = kwargs.get("key_lengths")
+        if mask is None and key_lengths is not None:
+            keys = np.arange(np.shape(key)[-2])
+            mask = (keys < np.asarray(key_lengths)[..., None])[..., None, :]
+        self.calls.append((np.array(query), np.array(key), mask))
         return cyattn.scaled_dot_product_attention(query, key, value, attn_mask, **kwargs)
 
 
