@@ -1,6 +1,7 @@
 """bfloat16 (``ml_dtypes.bfloat16``) inputs: accepted by every function, computed in float32 and
-rounded once to bfloat16 (attention and softmax read bfloat16 in their kernels, see
-test_half_kv.py and test_half_softmax.py; matmul_accumulate and MHA convert to float32 copies).
+rounded once to bfloat16 (attention, softmax and matmul_accumulate read bfloat16 in their
+kernels, see test_half_kv.py, test_half_softmax.py and test_half_matmul.py; MHA converts to
+float32 copies).
 
 A bfloat16 call must give exactly the float32 call on the same (bfloat16-valued) inputs, rounded
 to bfloat16: the same arithmetic, one rounding at the end.

@@ -238,19 +238,6 @@ cdef bint bool_block_empty(const uint8_t* bmask, Py_ssize_t m_rs, Py_ssize_t m_c
     return True
 
 
-cdef void widen_block(const uint16_t* src, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t rs,
-                      Py_ssize_t cs, int fmt, float* dst) noexcept nogil:
-    """dst (rows x cols, row-major) = the 16-bit elements src[i * rs + j * cs] widened to
-    float32 (fmt: CYATTN_HALF_F16 or CYATTN_HALF_BF16)."""
-    cdef Py_ssize_t i, j
-    for i in range(rows):
-        if cs == 1:
-            cyattn_half_to_float(src + i * rs, dst + i * cols, cols, fmt)
-        else:
-            for j in range(cols):
-                cyattn_half_to_float(src + i * rs + j * cs, dst + i * cols + j, 1, fmt)
-
-
 cdef void fused_attention_task(const void* q, Py_ssize_t q_rs, Py_ssize_t q_cs, int q_fmt,
                                const void* k, Py_ssize_t k_rs, Py_ssize_t k_cs,
                                const void* v, Py_ssize_t v_rs, Py_ssize_t v_cs, int kv_fmt,

@@ -252,11 +252,15 @@ def softmax_rows(x, out, bmask, amask, Py_ssize_t b_rs, Py_ssize_t b_cs,
 def matmul_accumulate(a, const int64_t[::1] a_off, Py_ssize_t rsa, Py_ssize_t csa,
                       b, const int64_t[::1] b_off, Py_ssize_t rsb, Py_ssize_t csb,
                       out, const int64_t[::1] c_off, Py_ssize_t rsc, Py_ssize_t csc,
-                      Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, double alpha, int n_threads):
+                      Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, double alpha, int n_threads,
+                      int a_fmt=0, int b_fmt=0, int c_fmt=0):
     """out[t] += alpha * a[t] @ b[t] for each batch entry t, addressed by element offsets.
 
     a, b, out are arrays of one float dtype (any strides that are multiples of the itemsize,
-    aligned); offsets and strides are in elements, from each array's first element.
+    aligned); offsets and strides are in elements, from each array's first element. With
+    a_fmt, b_fmt or c_fmt != 0 (CYATTN_HALF_F16 / BF16) that array holds 16-bit elements of
+    the format (a uint16 view) and the others float32: computed in float32, 16-bit operands
+    widened as they are packed, a 16-bit out rounded once.
     """
     cdef Py_buffer av, bv, cv
     cdef char* ap
@@ -265,30 +269,37 @@ def matmul_accumulate(a, const int64_t[::1] a_off, Py_ssize_t rsa, Py_ssize_t cs
     cdef int status = 0
     cdef Py_ssize_t batch = c_off.shape[0]
     cdef Py_ssize_t tile_m, tile_n
-    cdef bint dbl
-    if a.itemsize == 8:
+    cdef bint half = a_fmt != 0 or b_fmt != 0 or c_fmt != 0
+    cdef bint dbl = not half and a.itemsize == 8
+    if dbl:
         matmul_tiles(batch, M, N, MRD, NRD, &n_threads, &tile_m, &tile_n)
     else:
         matmul_tiles(batch, M, N, MR, NR, &n_threads, &tile_m, &tile_n)
+        if c_fmt != 0:
+            half_c_tiles(NR, &tile_m, &tile_n)
     ap = _buf(a, &av, False)
     try:
-        dbl = av.itemsize == 8
         bp = _buf(b, &bv, False)
         try:
             cp = _buf(out, &cv, True)
             try:
+                if (av.itemsize != (2 if a_fmt else (8 if dbl else 4))
+                        or bv.itemsize != (2 if b_fmt else (8 if dbl else 4))
+                        or cv.itemsize != (2 if c_fmt else (8 if dbl else 4))):
+                    raise ValueError("matmul_accumulate: element sizes do not match the formats")
                 with nogil:
                     if dbl:
                         matmul_tasks(<const double*>ap, &a_off[0], rsa, csa,
-                                          <const double*>bp, &b_off[0], rsb, csb,
-                                          <double*>cp, &c_off[0], rsc, csc,
-                                          batch, M, N, K, alpha, tile_m, tile_n, n_threads, &status)
+                                     <const double*>bp, &b_off[0], rsb, csb,
+                                     <double*>cp, &c_off[0], rsc, csc,
+                                     batch, M, N, K, alpha, tile_m, tile_n, n_threads, &status,
+                                     0, 0, 0)
                     else:
                         matmul_tasks(<const float*>ap, &a_off[0], rsa, csa,
-                                          <const float*>bp, &b_off[0], rsb, csb,
-                                          <float*>cp, &c_off[0], rsc, csc,
-                                          batch, M, N, K, <float>alpha, tile_m, tile_n,
-                                          n_threads, &status)
+                                     <const float*>bp, &b_off[0], rsb, csb,
+                                     <float*>cp, &c_off[0], rsc, csc,
+                                     batch, M, N, K, <float>alpha, tile_m, tile_n,
+                                     n_threads, &status, a_fmt, b_fmt, c_fmt)
             finally:
                 PyBuffer_Release(&cv)
         finally:
@@ -483,12 +494,13 @@ def matmul_fast(a, b, out, double alpha, int n_threads):
                         matmul_tasks(<const double*>av.buf, &zero, K, 1,
                                           <const double*>bv.buf, &zero, N, 1,
                                           <double*>cv.buf, &zero, N, 1, 1, M, N, K,
-                                          alpha, tile_m, tile_n, n_threads, &status)
+                                          alpha, tile_m, tile_n, n_threads, &status, 0, 0, 0)
                     else:
                         matmul_tasks(<const float*>av.buf, &zero, K, 1,
                                           <const float*>bv.buf, &zero, N, 1,
                                           <float*>cv.buf, &zero, N, 1, 1, M, N, K,
-                                          <float>alpha, tile_m, tile_n, n_threads, &status)
+                                          <float>alpha, tile_m, tile_n, n_threads, &status,
+                                          0, 0, 0)
                 ok = True
             finally:
                 PyBuffer_Release(&cv)

@@ -179,6 +179,88 @@ cdef void pack_b(Py_ssize_t kc, Py_ssize_t nc, const floating* b, Py_ssize_t rsb
         jr += nr
 
 
+cdef void widen_block(const uint16_t* src, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t rs,
+                      Py_ssize_t cs, int fmt, float* dst) noexcept nogil:
+    """dst (rows x cols, row-major) = the 16-bit elements src[i * rs + j * cs] widened to
+    float32 (fmt: CYATTN_HALF_F16 or CYATTN_HALF_BF16)."""
+    cdef Py_ssize_t i, j
+    for i in range(rows):
+        if cs == 1:
+            cyattn_half_to_float(src + i * rs, dst + i * cols, cols, fmt)
+        else:
+            for j in range(cols):
+                cyattn_half_to_float(src + i * rs + j * cs, dst + i * cols + j, 1, fmt)
+
+
+cdef void narrow_block(const float* src, Py_ssize_t rows, Py_ssize_t cols, uint16_t* dst,
+                       Py_ssize_t rs, Py_ssize_t cs, int fmt) noexcept nogil:
+    """dst[i * rs + j * cs] = src (rows x cols, row-major) rounded once, to nearest even, to the
+    16-bit format fmt (the inverse of widen_block)."""
+    cdef Py_ssize_t i, j
+    for i in range(rows):
+        if cs == 1:
+            cyattn_float_to_half(src + i * cols, dst + i * rs, cols, fmt)
+        else:
+            for j in range(cols):
+                cyattn_float_to_half(src + i * cols + j, dst + i * rs + j * cs, 1, fmt)
+
+
+cdef void pack_a_half(Py_ssize_t mc, Py_ssize_t kc, const uint16_t* a, Py_ssize_t rsa,
+                      Py_ssize_t csa, int fmt, float* dst, float* stage) noexcept nogil:
+    """pack_a(mc, kc, A, rsa, csa, dst, MR) for an A of 16-bit elements: each MR-row panel is
+    widened into ``stage`` (MR x kc floats, row-major) and packed from there. The widening is
+    exact, so the panels are those of the float32 A with the same values."""
+    cdef Py_ssize_t ir = 0, m_here
+    while ir < mc:
+        m_here = mc - ir if mc - ir < MR else MR
+        widen_block(a + ir * rsa, m_here, kc, rsa, csa, fmt, stage)
+        pack_a(m_here, kc, stage, kc, 1, dst + ir * kc, MR)
+        ir += MR
+
+
+cdef void pack_b_half(Py_ssize_t kc, Py_ssize_t nc, const uint16_t* b, Py_ssize_t rsb,
+                      Py_ssize_t csb, int fmt, float* dst, float* stage) noexcept nogil:
+    """pack_b(kc, nc, B, rsb, csb, dst, NR) for a B of 16-bit elements. A full NR-column panel
+    is laid out as a row-major kc x NR block, so it is widened straight into place; the last,
+    partial one is widened into ``stage`` (kc x NR floats) and packed (zero padded) from there."""
+    cdef Py_ssize_t jr = 0, n_here
+    while jr < nc:
+        n_here = nc - jr if nc - jr < NR else NR
+        if n_here == NR:
+            widen_block(b + jr * csb, kc, NR, rsb, csb, fmt, dst + jr * kc)
+        else:
+            widen_block(b + jr * csb, kc, n_here, rsb, csb, fmt, stage)
+            pack_b(kc, n_here, stage, n_here, 1, dst + jr * kc, NR)
+        jr += NR
+
+
+cdef inline void pack_a_at(Py_ssize_t mc, Py_ssize_t kc, const floating* a, Py_ssize_t at,
+                           Py_ssize_t rsa, Py_ssize_t csa, int fmt, floating* dst,
+                           floating* stage) noexcept nogil:
+    """pack_a of the block that starts ``at`` elements into ``a``; with fmt != 0 (float32
+    compute only) ``a`` points to 16-bit elements of that format."""
+    if floating is float:
+        if fmt != 0:
+            pack_a_half(mc, kc, <const uint16_t*>a + at, rsa, csa, fmt, dst, stage)
+        else:
+            pack_a(mc, kc, a + at, rsa, csa, dst, MR)
+    else:
+        pack_a(mc, kc, a + at, rsa, csa, dst, MRD)
+
+
+cdef inline void pack_b_at(Py_ssize_t kc, Py_ssize_t nc, const floating* b, Py_ssize_t at,
+                           Py_ssize_t rsb, Py_ssize_t csb, int fmt, floating* dst,
+                           floating* stage) noexcept nogil:
+    """pack_b of the block that starts ``at`` elements into ``b`` (fmt as in pack_a_at)."""
+    if floating is float:
+        if fmt != 0:
+            pack_b_half(kc, nc, <const uint16_t*>b + at, rsb, csb, fmt, dst, stage)
+        else:
+            pack_b(kc, nc, b + at, rsb, csb, dst, NR)
+    else:
+        pack_b(kc, nc, b + at, rsb, csb, dst, NRD)
+
+
 cdef void micro_kernel_f32(Py_ssize_t kc, const float* pa, const float* pb,
                            float* c, Py_ssize_t rsc, Py_ssize_t csc,
                            Py_ssize_t m_here, Py_ssize_t n_here, float alpha,
@@ -445,12 +527,18 @@ cdef void gemm_block(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
                      const floating* a, Py_ssize_t rsa, Py_ssize_t csa,
                      const floating* b, Py_ssize_t rsb, Py_ssize_t csb,
                      floating* c, Py_ssize_t rsc, Py_ssize_t csc,
-                     bint overwrite, floating* buf_a, floating* buf_b) noexcept nogil:
+                     bint overwrite, floating* buf_a, floating* buf_b,
+                     int a_fmt, int b_fmt, floating* stage) noexcept nogil:
     """C[M, N] (+)= alpha * A[M, K] @ B[K, N], any strides, single-threaded.
 
     buf_a holds MC x KC and buf_b KC x min(NC, round_up(N, nr)) elements. With ``overwrite``
     C is written (C = alpha A B), else accumulated. C is summed over K in KC blocks in order, so
     each element's result does not depend on how M and N are tiled.
+
+    a_fmt, b_fmt != 0 (float32 only): ``a`` / ``b`` point to 16-bit elements of that format
+    (CYATTN_HALF_*; the pointer's type is then nominal, all indexing goes through pack_a_at /
+    pack_b_at), widened while packing; ``stage`` holds max(MR, NR) x KC floats for that. The
+    result is that of the float32 product of the widened values, bit for bit.
     """
     cdef Py_ssize_t jc, pc, ic, jr, ir, nc, kc, mc
     cdef bint first
@@ -467,7 +555,7 @@ cdef void gemm_block(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
                 for j in range(N):
                     c[i * rsc + j * csc] = 0
         return
-    if (csa == 1 and csb == 1 and not overwrite
+    if (csa == 1 and csb == 1 and not overwrite and a_fmt == 0 and b_fmt == 0
             and ((K <= KC and M * N * K <= SMALL_MNK)
                  or (M <= SMALL_B_ROWS and N * K * <Py_ssize_t>sizeof(floating) <= SMALL_B_BYTES))
             and round_up(N, dnr) - N <= round_up(N, nr) - N):
@@ -482,11 +570,11 @@ cdef void gemm_block(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
         while pc < K:
             kc = K - pc if K - pc < KC else KC
             first = overwrite and pc == 0
-            pack_b(kc, nc, b + pc * rsb + jc * csb, rsb, csb, buf_b, nr)
+            pack_b_at(kc, nc, b, pc * rsb + jc * csb, rsb, csb, b_fmt, buf_b, stage)
             ic = 0
             while ic < M:
                 mc = M - ic if M - ic < MC else MC
-                pack_a(mc, kc, a + ic * rsa + pc * csa, rsa, csa, buf_a, mr)
+                pack_a_at(mc, kc, a, ic * rsa + pc * csa, rsa, csa, a_fmt, buf_a, stage)
                 jr = 0
                 while jr < nc:
                     ir = 0
@@ -592,14 +680,31 @@ cdef void matmul_tiles(Py_ssize_t batch, Py_ssize_t M, Py_ssize_t N, Py_ssize_t 
     tile_n[0] = tn
 
 
+cdef void half_c_tiles(Py_ssize_t nr, Py_ssize_t* tile_m, Py_ssize_t* tile_n) noexcept nogil:
+    """Caps matmul_tiles' tiles for a 16-bit C: each worker accumulates its tile in a float32
+    buffer of tile_m x tile_n, here at most MC x round_up(1024, nr) floats (under 600 KiB), not
+    a float32 copy of all of C. Smaller tiles repack B once per MC rows; tiling never changes
+    the result."""
+    if tile_m[0] > MC:
+        tile_m[0] = MC
+    if tile_n[0] > round_up(1024, nr):
+        tile_n[0] = round_up(1024, nr)
+
+
 cdef int matmul_worker(const floating* a, const int64_t* a_off, Py_ssize_t rsa, Py_ssize_t csa,
                        const floating* b, const int64_t* b_off, Py_ssize_t rsb, Py_ssize_t csb,
                        floating* c, const int64_t* c_off, Py_ssize_t rsc, Py_ssize_t csc,
                        Py_ssize_t batch, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K,
                        floating alpha, Py_ssize_t tile_m, Py_ssize_t tile_n,
-                       Py_ssize_t first, Py_ssize_t step) noexcept nogil:
+                       Py_ssize_t first, Py_ssize_t step, int a_fmt, int b_fmt,
+                       int c_fmt) noexcept nogil:
     """Output tiles first, first + step, ... of a batched C += alpha A B, with this worker's
-    own packing buffers (sized to the problem); 1 if they cannot be allocated."""
+    own packing buffers (sized to the problem); 1 if they cannot be allocated.
+
+    a_fmt, b_fmt, c_fmt != 0 (float32 only): that operand holds 16-bit elements of the format
+    (offsets and strides still count elements). A and B are widened while packing (gemm_block);
+    a 16-bit C tile is widened into a float32 tile of this worker's, accumulated there over all
+    of K and rounded back once, so the result is the float32 call's rounded once."""
     cdef Py_ssize_t tiles_m = (M + tile_m - 1) // tile_m
     cdef Py_ssize_t tiles_n = (N + tile_n - 1) // tile_n
     cdef Py_ssize_t ntasks = batch * tiles_m * tiles_n
@@ -611,13 +716,33 @@ cdef int matmul_worker(const floating* a, const int64_t* a_off, Py_ssize_t rsa, 
     cdef size_t bytes_a = <size_t>((ma if ma < MC else MC) * (kc_max if kc_max > 0 else 1)) \
         * sizeof(floating)
     cdef size_t bytes_b = <size_t>(nb * (kc_max if kc_max > 0 else 1)) * sizeof(floating)
-    cdef void* raw = malloc(bytes_a + bytes_b + 2 * ALIGN)
+    cdef size_t bytes_s = 0
+    cdef size_t bytes_c = 0
+    cdef Py_ssize_t a_esz = 2 if a_fmt != 0 else sizeof(floating)
+    cdef Py_ssize_t b_esz = 2 if b_fmt != 0 else sizeof(floating)
+    cdef Py_ssize_t c_esz = 2 if c_fmt != 0 else sizeof(floating)
+    cdef void* raw
     cdef floating* buf_a
     cdef floating* buf_b
+    cdef floating* stage = NULL
+    cdef floating* ctile = NULL
+    cdef floating* cdst
+    cdef uint16_t* c16 = NULL
+    if a_fmt != 0 or b_fmt != 0:
+        bytes_s = <size_t>((MR if MR > NR else NR) * (kc_max if kc_max > 0 else 1)) \
+            * sizeof(floating)
+    if c_fmt != 0:
+        bytes_c = <size_t>((tile_m if tile_m < M else M) * (tile_n if tile_n < N else N)) \
+            * sizeof(floating)
+    raw = malloc(bytes_a + bytes_b + bytes_s + bytes_c + 4 * ALIGN)
     if raw == NULL:
         return 1
     buf_a = <floating*>align_ptr(raw)
     buf_b = <floating*>align_ptr(<char*>buf_a + bytes_a)
+    if bytes_s:
+        stage = <floating*>align_ptr(<char*>buf_b + bytes_b)
+    if bytes_c:
+        ctile = <floating*>align_ptr(<char*>buf_b + bytes_b + bytes_s + ALIGN)
     t = first
     while t < ntasks:
         bi = t // (tiles_m * tiles_n)
@@ -627,11 +752,20 @@ cdef int matmul_worker(const floating* a, const int64_t* a_off, Py_ssize_t rsa, 
         j0 = tj * tile_n
         mm = M - i0 if M - i0 < tile_m else tile_m
         nn = N - j0 if N - j0 < tile_n else tile_n
+        cdst = <floating*>(<char*>c + (c_off[bi] + i0 * rsc + j0 * csc) * c_esz)
+        if floating is float:
+            if c_fmt != 0:
+                c16 = <uint16_t*>cdst
+                widen_block(c16, mm, nn, rsc, csc, c_fmt, ctile)
+                cdst = ctile
         gemm_block(mm, nn, K, alpha,
-                   a + a_off[bi] + i0 * rsa, rsa, csa,
-                   b + b_off[bi] + j0 * csb, rsb, csb,
-                   c + c_off[bi] + i0 * rsc + j0 * csc, rsc, csc,
-                   False, buf_a, buf_b)
+                   <const floating*>(<const char*>a + (a_off[bi] + i0 * rsa) * a_esz), rsa, csa,
+                   <const floating*>(<const char*>b + (b_off[bi] + j0 * csb) * b_esz), rsb, csb,
+                   cdst, nn if c_fmt != 0 else rsc, 1 if c_fmt != 0 else csc,
+                   False, buf_a, buf_b, a_fmt, b_fmt, stage)
+        if floating is float:
+            if c_fmt != 0:
+                narrow_block(ctile, mm, nn, c16, rsc, csc, c_fmt)
         t += step
     free(raw)
     return 0
@@ -642,18 +776,23 @@ cdef void matmul_tasks(const floating* a, const int64_t* a_off, Py_ssize_t rsa, 
                             floating* c, const int64_t* c_off, Py_ssize_t rsc, Py_ssize_t csc,
                             Py_ssize_t batch, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K,
                             floating alpha, Py_ssize_t tile_m, Py_ssize_t tile_n,
-                            int n_threads, int* status) noexcept nogil:
+                            int n_threads, int* status, int a_fmt, int b_fmt,
+                            int c_fmt) noexcept nogil:
     """Batched C += alpha A B over (batch, tile_m x tile_n output tiles): worker w of
-    n_threads takes tiles w, w + n_threads, ... One thread runs without an OpenMP region."""
+    n_threads takes tiles w, w + n_threads, ... One thread runs without an OpenMP region.
+    a_fmt, b_fmt, c_fmt: 16-bit operands, as in matmul_worker (a 16-bit C needs tiles small
+    enough for the float32 tile each worker holds: see half_c_tiles)."""
     cdef Py_ssize_t w
     if batch <= 0 or M <= 0 or N <= 0:
         return
     if n_threads <= 1:
         if matmul_worker(a, a_off, rsa, csa, b, b_off, rsb, csb, c, c_off, rsc, csc,
-                         batch, M, N, K, alpha, tile_m, tile_n, 0, 1):
+                         batch, M, N, K, alpha, tile_m, tile_n, 0, 1, a_fmt, b_fmt,
+                         c_fmt):
             status[0] = 1
         return
     for w in prange(n_threads, num_threads=n_threads, schedule='static', chunksize=1):
         if matmul_worker(a, a_off, rsa, csa, b, b_off, rsb, csb, c, c_off, rsc, csc,
-                         batch, M, N, K, alpha, tile_m, tile_n, w, n_threads):
+                         batch, M, N, K, alpha, tile_m, tile_n, w, n_threads, a_fmt,
+                         b_fmt, c_fmt):
             status[0] = 1

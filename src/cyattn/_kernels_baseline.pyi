@@ -37,6 +37,7 @@ def matmul_accumulate(
     b: np.ndarray, b_off: npt.NDArray[np.int64], rsb: int, csb: int,
     out: np.ndarray, c_off: npt.NDArray[np.int64], rsc: int, csc: int,
     M: int, N: int, K: int, alpha: float, n_threads: int,
+    a_fmt: int = 0, b_fmt: int = 0, c_fmt: int = 0,
 ) -> None: ...
 def attention(
     q: np.ndarray, q_off: npt.NDArray[np.int64], q_rs: int, q_cs: int,

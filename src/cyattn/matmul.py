@@ -67,7 +67,12 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
     Instantiating BLAS Functionality", ACM TOMS 2015): packed panels of ``a`` and ``b``, a
     register-blocked micro-kernel, cache blocks over M, N and K. Threads split the output
     tiles only, never K, so the result is bit-identical for any thread count. float16 and
-    bfloat16 are accumulated in float32. The GIL is released while the kernel runs.
+    bfloat16 (``ml_dtypes.bfloat16``) operands are read as they are stored and widened to
+    float32 (exactly) while their panels are packed; a float16/bfloat16 ``out`` is accumulated
+    over all of K in a float32 tile per thread and rounded once, to nearest even. The result is
+    the float32 call on the same values, rounded once, and no float32 copy of an operand is
+    made (except the product buffer of an infinite ``alpha``). The GIL is released while the
+    kernel runs.
 
     Examples
     --------
@@ -111,31 +116,46 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
             out += np.asarray(alpha * 0.0, dtype=out.dtype)
         return out
     n_threads = V.threads_for_work(n_threads, out.size * K, 1 << 18)
-    a = V.kernel_ready(a, compute)
-    b = V.kernel_ready(b, compute)
+    # float16/bfloat16 operands are read as they are: the kernel widens them while packing
+    # and rounds a 16-bit out once, so no float32 copy of an operand is made
+    a_fmt, b_fmt, c_fmt = (V.half_format(x, compute) for x in (a, b, out))
+    a = V.kernel_ready(a, a.dtype if a_fmt else compute)
+    b = V.kernel_ready(b, b.dtype if b_fmt else compute)
+
+    def run(a, b, target, c_fmt, alpha):
+        ops = [(x, x.view(np.uint16) if fmt else x, x.itemsize)
+               for x, fmt in ((a, a_fmt), (b, b_fmt), (target, c_fmt))]
+        args = []
+        for x, view, item in ops:
+            args += [view, V.batch_offsets(x, batch), x.strides[-2] // item,
+                     x.strides[-1] // item]
+        _backend.kernels.matmul_accumulate(*args, M, N, K, alpha, n_threads,
+                                           a_fmt=a_fmt, b_fmt=b_fmt, c_fmt=c_fmt)
+
     if not math.isfinite(alpha):
         # The kernel applies alpha to each KC-deep block's partial sum; an infinite alpha
         # would then turn partial sums of opposite signs into inf - inf = NaN where
         # alpha * (a @ b) is +-inf. Form a @ b first (a temporary of out's size, only here).
         product = np.zeros(out.shape, dtype=compute)
-        item = product.itemsize
-        _backend.kernels.matmul_accumulate(
-            a, V.batch_offsets(a, batch), a.strides[-2] // item, a.strides[-1] // item,
-            b, V.batch_offsets(b, batch), b.strides[-2] // item, b.strides[-1] // item,
-            product, V.batch_offsets(product, batch), N, 1, M, N, K, 1.0, n_threads)
+        run(a, b, product, 0, 1.0)
         with np.errstate(invalid="ignore", over="ignore"):
             V.copy_result(out, out + alpha * product)
         return out
-    direct = (out.dtype == compute and out.flags.aligned
-              and not any(s % out.itemsize for s in out.strides)
-              and not np.may_share_memory(out, a) and not np.may_share_memory(out, b))
-    target = out if direct else np.array(out, dtype=compute, order="C")
-    item = target.itemsize
-    _backend.kernels.matmul_accumulate(
-        a, V.batch_offsets(a, batch), a.strides[-2] // item, a.strides[-1] // item,
-        b, V.batch_offsets(b, batch), b.strides[-2] // item, b.strides[-1] // item,
-        target, V.batch_offsets(target, batch), target.strides[-2] // item,
-        target.strides[-1] // item, M, N, K, alpha, n_threads)
+    if c_fmt:
+        # a 16-bit out is accumulated tile by tile in float32 and rounded once by the kernel;
+        # an input it overlaps is copied (in its own dtype) so the product sees the old values
+        if np.may_share_memory(out, a):
+            a = np.array(a, order="C")
+        if np.may_share_memory(out, b):
+            b = np.array(b, order="C")
+        in_place = out.flags.aligned and not any(s % out.itemsize for s in out.strides)
+        target = out if in_place else np.array(out, order="C")
+    else:
+        direct = (out.dtype == compute and out.flags.aligned
+                  and not any(s % out.itemsize for s in out.strides)
+                  and not np.may_share_memory(out, a) and not np.may_share_memory(out, b))
+        target = out if direct else np.array(out, dtype=compute, order="C")
+    run(a, b, target, c_fmt, alpha)
     if target is not out:
         V.copy_result(out, target)
     return out
