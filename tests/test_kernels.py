@@ -149,6 +149,34 @@ def test_matmul_unpacked_small_path_same_bits(variant, dtype, shape):
     assert_close(direct, numpy_matmul(a, b, out0, -0.75), dtype, k=K)
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 1), (15, 1152, 384), (12, 384, 1536), (7, 33, 600),
+                                   (150, 4100, 70), (300, 40, 257), (2, 3, 1)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_matmul_with_b_packed_once_same_bits(variant, shape):
+    # The encoder packs its weights once (matmul._PackedB: every KC block of rows as the
+    # variant's panels) and multiplies by them many times (_matmul_packed). The panels are
+    # those matmul_accumulate packs per call, so the bits must be equal, for any strides of B
+    # and any thread count; the packed data is read-only.
+    from cyattn.matmul import _matmul_packed, _PackedB
+    M, N, K = shape
+    rng = np.random.default_rng(M + N + K)
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    for b in (rng.standard_normal((K, N)).astype(np.float32),
+              rng.standard_normal((N, K)).astype(np.float32).T):
+        packed = _PackedB(b)
+        assert not packed.data.flags.writeable
+        out0 = rng.standard_normal((M, N)).astype(np.float32)
+        for n_threads in (1, 2, 3):
+            expected, got = out0.copy(), out0.copy()
+            cyattn.matmul_accumulate(a, b, expected, n_threads=n_threads)
+            assert _matmul_packed(a, packed, got, n_threads) is got
+            np.testing.assert_array_equal(got, expected)
+    with pytest.raises(TypeError, match="2-D float32"):
+        _PackedB(b.astype(np.float64))
+    with pytest.raises(ValueError, match=rf"packed \({K}, {N}\) product"):
+        _matmul_packed(a[:, :K - 1] if K > 1 else a.astype(np.float64), packed, out0)
+
+
 ATT_COMBOS = [  # (L, S, E, Ev)
     (1, 1, 1, 1), (2, 3, 7, 8), (3, 2, 8, 9), (7, 9, 15, 16), (8, 17, 16, 15),
     (9, 31, 17, 7), (15, 16, 31, 33), (16, 15, 33, 31), (17, 33, 9, 8), (31, 7, 63, 2),

@@ -293,17 +293,83 @@ def matmul_accumulate(a, const int64_t[::1] a_off, Py_ssize_t rsa, Py_ssize_t cs
                                      <const double*>bp, &b_off[0], rsb, csb,
                                      <double*>cp, &c_off[0], rsc, csc,
                                      batch, M, N, K, alpha, tile_m, tile_n, n_threads, &status,
-                                     0, 0, 0)
+                                     0, 0, 0, NULL)
                     else:
                         matmul_tasks(<const float*>ap, &a_off[0], rsa, csa,
                                      <const float*>bp, &b_off[0], rsb, csb,
                                      <float*>cp, &c_off[0], rsc, csc,
                                      batch, M, N, K, <float>alpha, tile_m, tile_n,
-                                     n_threads, &status, a_fmt, b_fmt, c_fmt)
+                                     n_threads, &status, a_fmt, b_fmt, c_fmt, NULL)
             finally:
                 PyBuffer_Release(&cv)
         finally:
             PyBuffer_Release(&bv)
+    finally:
+        PyBuffer_Release(&av)
+    if status:
+        raise MemoryError("cyattn.matmul_accumulate: could not allocate packing buffers")
+
+
+def packed_b_size(Py_ssize_t K, Py_ssize_t N):
+    """Floats that B (K x N, float32) takes packed whole by pack_b_whole: K * round_up(N, NR)
+    (this variant's float32 panel width)."""
+    return K * round_up(N, NR)
+
+
+def pack_b_whole_into(b, Py_ssize_t rsb, Py_ssize_t csb, Py_ssize_t K, Py_ssize_t N, out):
+    """out[:packed_b_size(K, N)] = b (float32, K x N, element strides rsb, csb) packed whole
+    for matmul_packed_b; out is a writable C-contiguous float32 buffer of that size."""
+    cdef Py_buffer bv, ov
+    cdef char* bp = _buf(b, &bv, False)
+    cdef char* op
+    try:
+        op = _buf(out, &ov, True)
+        try:
+            if (bv.itemsize != 4 or ov.itemsize != 4 or K < 0 or N < 0
+                    or ov.len < K * round_up(N, NR) * 4):
+                raise ValueError("pack_b_whole_into: expected float32 buffers of the sizes given")
+            with nogil:
+                pack_b_whole(K, N, <const float*>bp, rsb, csb, <float*>op)
+        finally:
+            PyBuffer_Release(&ov)
+    finally:
+        PyBuffer_Release(&bv)
+
+
+def matmul_packed_b(a, Py_ssize_t rsa, Py_ssize_t csa, packed, out, Py_ssize_t rsc,
+                    Py_ssize_t csc, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, double alpha,
+                    int n_threads):
+    """out (M x N) += alpha * a (M x K) @ B for a float32 B packed whole by pack_b_whole_into
+    (with this module: the panel width is the variant's); a, out float32 with element strides.
+    The same bits as matmul_accumulate on the unpacked B."""
+    cdef Py_buffer av, pv, cv
+    cdef char* ap = _buf(a, &av, False)
+    cdef char* pp
+    cdef char* cp
+    cdef int status = 0
+    cdef int64_t zero = 0
+    cdef Py_ssize_t tile_m, tile_n
+    try:
+        pp = _buf(packed, &pv, False)
+        try:
+            cp = _buf(out, &cv, True)
+            try:
+                if (av.itemsize != 4 or pv.itemsize != 4 or cv.itemsize != 4
+                        or pv.len < K * round_up(N, NR) * 4):
+                    raise ValueError("matmul_packed_b: expected float32 buffers of the sizes "
+                                     "given")
+                if M > 0 and N > 0 and K > 0:
+                    matmul_tiles(1, M, N, MR, NR, &n_threads, &tile_m, &tile_n)
+                    with nogil:
+                        matmul_tasks(<const float*>ap, &zero, rsa, csa,
+                                     <const float*>pp, &zero, 0, 0,
+                                     <float*>cp, &zero, rsc, csc,
+                                     1, M, N, K, <float>alpha, tile_m, tile_n, n_threads,
+                                     &status, 0, 0, 0, <const float*>pp)
+            finally:
+                PyBuffer_Release(&cv)
+        finally:
+            PyBuffer_Release(&pv)
     finally:
         PyBuffer_Release(&av)
     if status:
@@ -494,13 +560,14 @@ def matmul_fast(a, b, out, double alpha, int n_threads):
                         matmul_tasks(<const double*>av.buf, &zero, K, 1,
                                           <const double*>bv.buf, &zero, N, 1,
                                           <double*>cv.buf, &zero, N, 1, 1, M, N, K,
-                                          alpha, tile_m, tile_n, n_threads, &status, 0, 0, 0)
+                                          alpha, tile_m, tile_n, n_threads, &status, 0, 0, 0,
+                                          NULL)
                     else:
                         matmul_tasks(<const float*>av.buf, &zero, K, 1,
                                           <const float*>bv.buf, &zero, N, 1,
                                           <float*>cv.buf, &zero, N, 1, 1, M, N, K,
                                           <float>alpha, tile_m, tile_n, n_threads, &status,
-                                          0, 0, 0)
+                                          0, 0, 0, NULL)
                 ok = True
             finally:
                 PyBuffer_Release(&cv)

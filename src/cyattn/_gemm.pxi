@@ -15,7 +15,13 @@
 #   whatever the tiling, so results are bit-identical for any number of threads. matmul
 #   splits its output into tiles only as far as threads need (matmul_tiles): each tile packs
 #   its own B, and tiles of MC rows repacked B once per 144 rows (13 % of an n=1024 product).
-#   The micro-kernel prefetches every cache line of its C tile on entry (+4-8 % at n >= 1024).
+#   The micro-kernel prefetches every cache line of its C tile on entry (+4-8 % at n >= 1024),
+#   and B one panel depth (256 k steps) ahead as it goes, which is the next packed panel: a
+#   few-row product against B from memory read it at 13 GB/s without, 20 with (Zen 5; 64 and
+#   128 steps ahead gave 16 and 18; hot products unchanged). A B used for many products can be
+#   packed once, whole (pack_b_whole: the sentence encoder's weights, cyattn.matmul._PackedB),
+#   and gemm_block then reads its panels in place: 1.3-1.5x on the encoder's 24 weight
+#   products of 12-20 rows, where packing per call cost more than the product.
 #   Products up to SMALL_MNK with row-major A and B and K <= KC skip packing (gemm_small), and
 #   so do products of at most SMALL_B_ROWS rows with a B of at most SMALL_B_BYTES (K in KC
 #   blocks; the avx512 variant only, where packing B cost more than such a product: 1.5-2.8x
@@ -294,6 +300,9 @@ cdef void micro_kernel_f32(Py_ssize_t kc, const float* pa, const float* pb,
         for j in range(NR):
             acc[i][j] = a_i * pb[j] + zero
     for p in range(1, kc):
+        # B's next panel (contiguous in a packed B; a prefetch past its end is harmless)
+        cyattn_prefetch_r(pb + (p + 256) * NR)
+        cyattn_prefetch_r(pb + (p + 256) * NR + 16)
         for i in range(MR):
             a_i = pa[p * MR + i]
             for j in range(NR):
@@ -528,7 +537,9 @@ cdef void gemm_block(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
                      const floating* b, Py_ssize_t rsb, Py_ssize_t csb,
                      floating* c, Py_ssize_t rsc, Py_ssize_t csc,
                      bint overwrite, floating* buf_a, floating* buf_b,
-                     int a_fmt, int b_fmt, floating* stage) noexcept nogil:
+                     int a_fmt, int b_fmt, floating* stage,
+                     const floating* pb_all, Py_ssize_t pb_cols,
+                     Py_ssize_t pb_j0) noexcept nogil:
     """C[M, N] (+)= alpha * A[M, K] @ B[K, N], any strides, single-threaded.
 
     buf_a holds MC x KC and buf_b KC x min(NC, round_up(N, nr)) elements. With ``overwrite``
@@ -539,7 +550,13 @@ cdef void gemm_block(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
     (CYATTN_HALF_*; the pointer's type is then nominal, all indexing goes through pack_a_at /
     pack_b_at), widened while packing; ``stage`` holds max(MR, NR) x KC floats for that. The
     result is that of the float32 product of the widened values, bit for bit.
+
+    pb_all != NULL: B was packed whole beforehand (pack_b_whole, pb_cols = round_up(N of that
+    B, nr) columns) and this block's columns start at its column pb_j0 (a multiple of nr); the
+    panels are read from there instead of packed (``b`` is not read). The panels are those
+    pack_b would make, so are the results.
     """
+    cdef const floating* pb
     cdef Py_ssize_t jc, pc, ic, jr, ir, nc, kc, mc
     cdef bint first
     cdef Py_ssize_t i, j
@@ -555,7 +572,7 @@ cdef void gemm_block(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
                 for j in range(N):
                     c[i * rsc + j * csc] = 0
         return
-    if (csa == 1 and csb == 1 and not overwrite and a_fmt == 0 and b_fmt == 0
+    if (csa == 1 and csb == 1 and not overwrite and a_fmt == 0 and b_fmt == 0 and pb_all == NULL
             and ((K <= KC and M * N * K <= SMALL_MNK)
                  or (M <= SMALL_B_ROWS and N * K * <Py_ssize_t>sizeof(floating) <= SMALL_B_BYTES))
             and round_up(N, dnr) - N <= round_up(N, nr) - N):
@@ -570,7 +587,11 @@ cdef void gemm_block(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
         while pc < K:
             kc = K - pc if K - pc < KC else KC
             first = overwrite and pc == 0
-            pack_b_at(kc, nc, b, pc * rsb + jc * csb, rsb, csb, b_fmt, buf_b, stage)
+            if pb_all != NULL:
+                pb = pb_all + pc * pb_cols + (pb_j0 + jc) * kc
+            else:
+                pack_b_at(kc, nc, b, pc * rsb + jc * csb, rsb, csb, b_fmt, buf_b, stage)
+                pb = buf_b
             ic = 0
             while ic < M:
                 mc = M - ic if M - ic < MC else MC
@@ -580,12 +601,12 @@ cdef void gemm_block(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
                     ir = 0
                     while ir < mc:
                         if floating is float:
-                            micro_kernel_f32(kc, buf_a + ir * kc, buf_b + jr * kc,
+                            micro_kernel_f32(kc, buf_a + ir * kc, pb + jr * kc,
                                              c + (ic + ir) * rsc + (jc + jr) * csc, rsc, csc,
                                              mc - ir if mc - ir < mr else mr,
                                              nc - jr if nc - jr < nr else nr, alpha, first)
                         else:
-                            micro_kernel_f64(kc, buf_a + ir * kc, buf_b + jr * kc,
+                            micro_kernel_f64(kc, buf_a + ir * kc, pb + jr * kc,
                                              c + (ic + ir) * rsc + (jc + jr) * csc, rsc, csc,
                                              mc - ir if mc - ir < mr else mr,
                                              nc - jr if nc - jr < nr else nr, alpha, first)
@@ -594,6 +615,19 @@ cdef void gemm_block(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
                 ic += MC
             pc += KC
         jc += NC
+
+
+cdef void pack_b_whole(Py_ssize_t K, Py_ssize_t N, const float* b, Py_ssize_t rsb,
+                       Py_ssize_t csb, float* dst) noexcept nogil:
+    """B (K x N, any strides) packed once for many products (gemm_block's pb_all): each
+    KC-deep block of rows, in order, as pack_b's NR-column panels over round_up(N, NR)
+    columns (zero padded), so the block at depth pc starts at dst + pc * round_up(N, NR) and
+    its panel of columns j.. (j a multiple of NR) at + j * kc. K * round_up(N, NR) floats."""
+    cdef Py_ssize_t cols = round_up(N, NR), pc = 0, kc
+    while pc < K:
+        kc = K - pc if K - pc < KC else KC
+        pack_b(kc, N, b + pc * rsb, rsb, csb, dst + pc * cols, NR)
+        pc += KC
 
 
 cdef void gemm_packed(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
@@ -697,14 +731,15 @@ cdef int matmul_worker(const floating* a, const int64_t* a_off, Py_ssize_t rsa, 
                        Py_ssize_t batch, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K,
                        floating alpha, Py_ssize_t tile_m, Py_ssize_t tile_n,
                        Py_ssize_t first, Py_ssize_t step, int a_fmt, int b_fmt,
-                       int c_fmt) noexcept nogil:
+                       int c_fmt, const floating* pb_all) noexcept nogil:
     """Output tiles first, first + step, ... of a batched C += alpha A B, with this worker's
     own packing buffers (sized to the problem); 1 if they cannot be allocated.
 
     a_fmt, b_fmt, c_fmt != 0 (float32 only): that operand holds 16-bit elements of the format
     (offsets and strides still count elements). A and B are widened while packing (gemm_block);
     a 16-bit C tile is widened into a float32 tile of this worker's, accumulated there over all
-    of K and rounded back once, so the result is the float32 call's rounded once."""
+    of K and rounded back once, so the result is the float32 call's rounded once.
+    pb_all != NULL: B packed whole (pack_b_whole; ``b``, b_off, rsb, csb unused, batch 1)."""
     cdef Py_ssize_t tiles_m = (M + tile_m - 1) // tile_m
     cdef Py_ssize_t tiles_n = (N + tile_n - 1) // tile_n
     cdef Py_ssize_t ntasks = batch * tiles_m * tiles_n
@@ -762,7 +797,8 @@ cdef int matmul_worker(const floating* a, const int64_t* a_off, Py_ssize_t rsa, 
                    <const floating*>(<const char*>a + (a_off[bi] + i0 * rsa) * a_esz), rsa, csa,
                    <const floating*>(<const char*>b + (b_off[bi] + j0 * csb) * b_esz), rsb, csb,
                    cdst, nn if c_fmt != 0 else rsc, 1 if c_fmt != 0 else csc,
-                   False, buf_a, buf_b, a_fmt, b_fmt, stage)
+                   False, buf_a, buf_b, a_fmt, b_fmt, stage,
+                   pb_all, round_up(N, NR if floating is float else NRD), j0)
         if floating is float:
             if c_fmt != 0:
                 narrow_block(ctile, mm, nn, c16, rsc, csc, c_fmt)
@@ -777,22 +813,23 @@ cdef void matmul_tasks(const floating* a, const int64_t* a_off, Py_ssize_t rsa, 
                             Py_ssize_t batch, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K,
                             floating alpha, Py_ssize_t tile_m, Py_ssize_t tile_n,
                             int n_threads, int* status, int a_fmt, int b_fmt,
-                            int c_fmt) noexcept nogil:
+                            int c_fmt, const floating* pb_all) noexcept nogil:
     """Batched C += alpha A B over (batch, tile_m x tile_n output tiles): worker w of
     n_threads takes tiles w, w + n_threads, ... One thread runs without an OpenMP region.
     a_fmt, b_fmt, c_fmt: 16-bit operands, as in matmul_worker (a 16-bit C needs tiles small
-    enough for the float32 tile each worker holds: see half_c_tiles)."""
+    enough for the float32 tile each worker holds: see half_c_tiles). pb_all: B packed whole,
+    as in matmul_worker."""
     cdef Py_ssize_t w
     if batch <= 0 or M <= 0 or N <= 0:
         return
     if n_threads <= 1:
         if matmul_worker(a, a_off, rsa, csa, b, b_off, rsb, csb, c, c_off, rsc, csc,
                          batch, M, N, K, alpha, tile_m, tile_n, 0, 1, a_fmt, b_fmt,
-                         c_fmt):
+                         c_fmt, pb_all):
             status[0] = 1
         return
     for w in prange(n_threads, num_threads=n_threads, schedule='static', chunksize=1):
         if matmul_worker(a, a_off, rsa, csa, b, b_off, rsb, csb, c, c_off, rsc, csc,
                          batch, M, N, K, alpha, tile_m, tile_n, w, n_threads, a_fmt,
-                         b_fmt, c_fmt):
+                         b_fmt, c_fmt, pb_all):
             status[0] = 1

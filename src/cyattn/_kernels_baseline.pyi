@@ -39,6 +39,16 @@ def matmul_accumulate(
     M: int, N: int, K: int, alpha: float, n_threads: int,
     a_fmt: int = 0, b_fmt: int = 0, c_fmt: int = 0,
 ) -> None: ...
+def packed_b_size(K: int, N: int) -> int: ...
+def pack_b_whole_into(
+    b: npt.NDArray[np.float32], rsb: int, csb: int, K: int, N: int,
+    out: npt.NDArray[np.float32],
+) -> None: ...
+def matmul_packed_b(
+    a: npt.NDArray[np.float32], rsa: int, csa: int, packed: npt.NDArray[np.float32],
+    out: npt.NDArray[np.float32], rsc: int, csc: int, M: int, N: int, K: int, alpha: float,
+    n_threads: int,
+) -> None: ...
 def attention(
     q: np.ndarray, q_off: npt.NDArray[np.int64], q_rs: int, q_cs: int,
     k: np.ndarray, k_off: npt.NDArray[np.int64], k_rs: int, k_cs: int,

@@ -159,3 +159,52 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
     if target is not out:
         V.copy_result(out, target)
     return out
+
+
+class _PackedB:
+    """A float32 matrix B (K, N) packed once into the kernel's panels, for repeated products
+    ``out += a @ B`` (:func:`_matmul_packed`): the sentence encoder's weights.
+
+    A few-row product (one short text) against weights that come from memory spent more time
+    packing B, or reading it unpacked with one stream per K row, than multiplying; packed
+    once, each product reads B as one contiguous stream. The panels belong to the kernel
+    module in use when packing (their width is the variant's), which the products then use.
+    The bits are those of :func:`matmul_accumulate` with the unpacked B (same panels, same
+    order of the sums). Private: the layout is the kernels', not an interchange format.
+    """
+
+    __slots__ = ("kernels", "shape", "data")
+
+    def __init__(self, b):
+        if not (isinstance(b, np.ndarray) and b.dtype == np.float32 and b.ndim == 2):
+            raise TypeError(f"cyattn: a packed B must be a 2-D float32 ndarray, got "
+                            f"{type(b).__name__} {getattr(b, 'dtype', '')} "
+                            f"{getattr(b, 'shape', '')}")
+        b = V.kernel_ready(b, np.float32)
+        self.kernels = _backend.kernels
+        self.shape = b.shape
+        K, N = b.shape
+        self.data = np.empty(max(self.kernels.packed_b_size(K, N), 1), np.float32)
+        self.kernels.pack_b_whole_into(b, b.strides[0] // 4, b.strides[1] // 4, K, N,
+                                       self.data)
+        self.data.flags.writeable = False
+
+
+def _matmul_packed(a, packed, out, n_threads=None):
+    """``out += a @ B`` for ``packed = _PackedB(B)``: ``a`` (M, K) and ``out`` (M, N) aligned
+    float32 ndarrays with strides that are multiples of 4 bytes, ``out`` disjoint from ``a``;
+    n_threads as in :func:`matmul_accumulate`. Returns ``out``."""
+    K, N = packed.shape
+    if not (a.dtype == out.dtype == np.float32 and a.ndim == out.ndim == 2
+            and a.shape[1] == K and out.shape == (a.shape[0], N)
+            and a.flags.aligned and out.flags.aligned and out.flags.writeable
+            and not any(s % 4 for s in a.strides + out.strides)):
+        raise ValueError(f"cyattn: a packed ({K}, {N}) product needs aligned float32 a "
+                         f"(M, {K}) and writable out (M, {N}), got a {a.dtype} {a.shape} "
+                         f"and out {out.dtype} {out.shape}")
+    M = a.shape[0]
+    n_threads = V.threads_for_work(V.resolve_threads(n_threads, _FNAME), M * N * K, 1 << 18)
+    packed.kernels.matmul_packed_b(a, a.strides[0] // 4, a.strides[1] // 4, packed.data, out,
+                                   out.strides[0] // 4, out.strides[1] // 4, M, N, K, 1.0,
+                                   n_threads)
+    return out

@@ -29,10 +29,13 @@ row passes of cyattn's kernels (``_encoder_rows.pxi``; 2x and 4.6x faster than t
 passes they replaced, on a Zen 5 core), into buffers reused from batch to batch
 (:class:`_Workspace`).
 
-Linear layers use ``cyattn.matmul_accumulate`` (bias and residual are fused into its
+Linear layers use ``cyattn.matmul_accumulate``'s kernel (bias and residual are fused into its
 ``out +=``); it was measured against NumPy's BLAS (``x @ W.T``) on the model's shapes
 (``bench/bench_minilm.py --linear``): the two tie per layer at 1 thread (170-195 GFLOP/s on a
-SkylakeX-class core) and the encoder runs 3-7% faster with matmul_accumulate.
+SkylakeX-class core) and the encoder runs 3-7% faster with matmul_accumulate. The weights are
+packed into the kernel's panels once, at load (``cyattn.matmul._PackedB``; the same bits as
+packing per call): a one-text request multiplies a few rows by 42 MB of weights that come from
+memory, and packing them per call cost more than the products (1.3-1.5x faster GEMMs there).
 ``linear="numpy"`` switches back to NumPy's BLAS.
 
 Threads. With several batches and ``n_threads > 1``, that many batches run concurrently, each
@@ -55,6 +58,7 @@ import numpy as np
 import cyattn
 
 from .. import _backend
+from ..matmul import _PackedB, _matmul_packed
 
 __all__ = ["Encoder", "check_model_folder", "default_model_dir", "gelu_"]
 
@@ -372,6 +376,12 @@ class Encoder:
                 "ln2": (get(p + "output.LayerNorm.weight", (E,)),
                         get(p + "output.LayerNorm.bias", (E,))),
             })
+        if linear == "cyattn":
+            # packed once into the kernel's panels: a product then streams them (see
+            # cyattn.matmul._PackedB); the unpacked copies are dropped
+            for lay in self.layers:
+                for name in ("qkv_wT", "out_wT", "ff1_wT", "ff2_wT"):
+                    lay[name] = _PackedB(lay[name])
         for arr in self._arrays():
             arr.flags.writeable = False        # shared by every thread: read-only
 
@@ -381,6 +391,7 @@ class Encoder:
         yield from self.emb_ln
         for lay in self.layers:
             for v in lay.values():
+                v = v.data if isinstance(v, _PackedB) else v
                 yield from (v if isinstance(v, tuple) else (v,))
 
     def __repr__(self):
@@ -501,7 +512,7 @@ class Encoder:
             """out = a @ w_t (+ bias when fused; otherwise the caller adds it)."""
             if fused:
                 out[...] = bias
-                cyattn.matmul_accumulate(a, w_t, out, n_threads=n_threads)
+                _matmul_packed(a, w_t, out, n_threads)
             else:
                 np.matmul(a, w_t, out=out)
             clock("linear")
@@ -510,7 +521,7 @@ class Encoder:
             """proj = a @ w_t, or, fused, x += a @ w_t + bias."""
             if fused:
                 np.add(x, bias, out=x)
-                cyattn.matmul_accumulate(a, w_t, x, n_threads=n_threads)
+                _matmul_packed(a, w_t, x, n_threads)
             else:
                 np.matmul(a, w_t, out=proj)
             clock("linear")
