@@ -9,6 +9,8 @@ the medians and the median of the paired ratios (above 1: the first-named call i
   the same half tensors;
 * SDPA (1, 8, T, T, 64), T = 512 and 2048, per half format: cyattn against torch on the same
   half tensors, and against cyattn's own float32 call;
+* matmul_accumulate (1024, 1024) @ (1024, 1024) into a half out, per half format: cyattn
+  against its own float32 call and against torch's ``addmm_`` on the same half tensors;
 * peak RSS growth of one SDPA (1, 1, 8192, 64) bfloat16 call in a fresh process, against the
   size of its output (issue 19: at most the output + 8 MiB).
 
@@ -107,6 +109,28 @@ def sdpa(name, dtype, T, n, samples):
     return res
 
 
+def matmul(name, dtype, n, samples):
+    rng = np.random.default_rng(2)
+    a32, b32 = (rng.standard_normal((1024, 1024)).astype(np.float32) for _ in range(2))
+    a, b = a32.astype(dtype), b32.astype(dtype)
+    out, out32 = np.zeros((1024, 1024), dtype), np.zeros((1024, 1024), np.float32)
+    fns = {f"cyattn {name}": lambda: cyattn.matmul_accumulate(a, b, out, n_threads=n),
+           "cyattn float32": lambda: cyattn.matmul_accumulate(a32, b32, out32, n_threads=n)}
+    if torch is not None:
+        at, bt, ot = (_torch_view(x, name) for x in (a, b, out.copy()))
+        fns[f"torch {name}"] = lambda: ot.addmm_(at, bt)
+    times = interleaved(fns, samples=samples, target=0.05, pause=0.15 if n > 1 else 0.0)
+    label = f"matmul 1024^3 {name}"
+    res = {"vs float32": _line(label, times, f"cyattn {name}", "cyattn float32")}
+    flops = 2.0 * 1024 ** 3
+    print(f"  {'':<40}cyattn {flops / statistics.median(times[f'cyattn {name}']) / 1e9:.1f}"
+          f" GFLOP/s" + (f", torch {flops / statistics.median(times[f'torch {name}']) / 1e9:.1f}"
+                         f" GFLOP/s" if torch is not None else ""))
+    if torch is not None:
+        res["vs torch"] = _line("", times, f"cyattn {name}", f"torch {name}")
+    return res
+
+
 _MEMORY_CHILD = r"""
 import resource, sys
 import numpy as np, ml_dtypes, cyattn
@@ -165,6 +189,8 @@ def main(argv=None):
         for name, dtype in formats.items():
             for T in (512, 2048):
                 sdpa(name, dtype, T, n, args.samples)
+        for name, dtype in formats.items():
+            matmul(name, dtype, n, args.samples)
         memory(n)
 
 
