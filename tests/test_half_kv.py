@@ -68,6 +68,31 @@ def test_widening_refuses_bad_buffers():
         _backend.kernels.half_to_float32(ALL_BITS[:4], np.empty(4, np.float32), 3)
 
 
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_results_are_rounded_like_astype(variant, dtype):
+    """Half results are rounded by the kernels' conversion (V.to_result), which must give
+    NumPy's / ml_dtypes' astype bits: ties to even, overflow to inf, subnormals, NaN."""
+    from cyattn import _validate as V
+    rng = np.random.default_rng(21)
+    special = np.array([65519.0, 65520.0, 65536.0, 1e6, 3.4e38, -np.inf, np.inf, np.nan,
+                        -np.nan, 0.0, -0.0, 2.0 ** -25, 2.0 ** -24 * 1.5, 6e-8, 1e-40,
+                        1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11, 1.0 + 2.0 ** -8,
+                        1.0 + 3 * 2.0 ** -8], np.float32)
+    x = np.concatenate([special, rng.standard_normal(1000).astype(np.float32) * 1e3,
+                        rng.standard_normal(1000).astype(np.float32) * 1e-6])
+    # all 2^32 float32 bit patterns would take too long: every 65,537th one as well
+    x = np.concatenate([x, np.arange(0, 1 << 32, 65537, dtype=np.uint64)
+                        .astype(np.uint32).view(np.float32)])
+    x = x[:x.size // 2 * 2].reshape(2, -1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = x.astype(dtype)
+    got = V.to_result(x, np.dtype(dtype))
+    assert got.dtype == dtype and got.shape == x.shape
+    nan = np.isnan(expected)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(_bits(got, dtype)[~nan], _bits(expected, dtype)[~nan])
+
+
 def _decode_inputs(rng, dtype, B=2, Hq=4, Hkv=2, L=1, S=1500, E=64, Ev=48):
     q = rng.standard_normal((B, Hq, L, E)).astype(dtype)
     k = rng.standard_normal((B, Hkv, S, E)).astype(dtype)

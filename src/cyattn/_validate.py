@@ -12,6 +12,7 @@ import operator
 
 import numpy as np
 
+from . import _backend
 from ._backend import in_forked_child, max_threads
 
 _FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
@@ -298,9 +299,20 @@ def check_real(value, name, fname):
 
 def to_result(arr, dtype):
     """``arr`` in the result dtype; rounding float32 results to float16 may overflow to inf,
-    which is the answer in float16, so NumPy's overflow warning is silenced."""
+    which is the answer in float16, so NumPy's overflow warning is silenced.
+
+    A C-contiguous float32 ``arr`` is rounded to float16/bfloat16 by the kernels' conversion
+    (the bits of NumPy's and ml_dtypes' ``astype``, to nearest even; ml_dtypes converts one
+    element at a time, about 0.8 ns each, 5-20 % of a short half-precision attention call)."""
     if arr.dtype == dtype:
         return arr
+    fmt = 0
+    if arr.dtype == np.float32:
+        fmt = HALF_F16 if dtype == np.float16 else (HALF_BF16 if is_bfloat16(dtype) else 0)
+    if fmt and arr.flags.c_contiguous:
+        res = np.empty(arr.shape, dtype)
+        _backend.kernels.float32_to_half(arr.reshape(-1), res.view(np.uint16).reshape(-1), fmt)
+        return res
     with np.errstate(over="ignore"):
         return arr.astype(dtype)
 
