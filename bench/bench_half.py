@@ -59,6 +59,17 @@ def _line(label, times, a, b):
     return r
 
 
+def _rates(label, times, name, flops):
+    """Print cyattn's half call against its float32 call and torch, with GFLOP/s."""
+    res = {"vs float32": _line(label, times, f"cyattn {name}", "cyattn float32")}
+    print(f"  {'':<40}cyattn {flops / statistics.median(times[f'cyattn {name}']) / 1e9:.1f}"
+          f" GFLOP/s" + (f", torch {flops / statistics.median(times[f'torch {name}']) / 1e9:.1f}"
+                         f" GFLOP/s" if torch is not None else ""))
+    if torch is not None:
+        res["vs torch"] = _line("", times, f"cyattn {name}", f"torch {name}")
+    return res
+
+
 def decode(name, dtype, n, samples):
     rng = np.random.default_rng(0)
     shape = (1, 32, 1, 4096, 128)
@@ -98,15 +109,7 @@ def sdpa(name, dtype, T, n, samples):
         qt, kt, vt = (_torch_view(a, name) for a in (q, k, v))
         fns[f"torch {name}"] = lambda: F.scaled_dot_product_attention(qt, kt, vt)
     times = interleaved(fns, samples=samples, target=0.05, pause=0.15 if n > 1 else 0.0)
-    label = f"sdpa (1,8,{T},64) {name}"
-    res = {"vs float32": _line(label, times, f"cyattn {name}", "cyattn float32")}
-    flops = 4.0 * 8 * T * T * 64
-    print(f"  {'':<40}cyattn {flops / statistics.median(times[f'cyattn {name}']) / 1e9:.1f}"
-          f" GFLOP/s" + (f", torch {flops / statistics.median(times[f'torch {name}']) / 1e9:.1f}"
-                         f" GFLOP/s" if torch is not None else ""))
-    if torch is not None:
-        res["vs torch"] = _line("", times, f"cyattn {name}", f"torch {name}")
-    return res
+    return _rates(f"sdpa (1,8,{T},64) {name}", times, name, 4.0 * 8 * T * T * 64)
 
 
 def matmul(name, dtype, n, samples):
@@ -120,15 +123,7 @@ def matmul(name, dtype, n, samples):
         at, bt, ot = (_torch_view(x, name) for x in (a, b, out.copy()))
         fns[f"torch {name}"] = lambda: ot.addmm_(at, bt)
     times = interleaved(fns, samples=samples, target=0.05, pause=0.15 if n > 1 else 0.0)
-    label = f"matmul 1024^3 {name}"
-    res = {"vs float32": _line(label, times, f"cyattn {name}", "cyattn float32")}
-    flops = 2.0 * 1024 ** 3
-    print(f"  {'':<40}cyattn {flops / statistics.median(times[f'cyattn {name}']) / 1e9:.1f}"
-          f" GFLOP/s" + (f", torch {flops / statistics.median(times[f'torch {name}']) / 1e9:.1f}"
-                         f" GFLOP/s" if torch is not None else ""))
-    if torch is not None:
-        res["vs torch"] = _line("", times, f"cyattn {name}", f"torch {name}")
-    return res
+    return _rates(f"matmul 1024^3 {name}", times, name, 2.0 * 1024 ** 3)
 
 
 _MEMORY_CHILD = r"""

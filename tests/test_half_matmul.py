@@ -6,15 +6,13 @@ The widening is exact and the packed panels are those of the float32 call, so a 
 equal, bit for bit, the float32 call on the same values with the result rounded once to the
 result dtype; and, within the conftest tolerance of that dtype, the exact oracle.
 """
-import tracemalloc
-
 import numpy as np
 import pytest
 
 import cyattn
 from cyattn import oracle
 from conftest import BFLOAT16_TOLERANCE, assert_close, to_oracle
-from test_half_kv import HALF, _bits
+from test_half_kv import HALF, _bits, traced_peak
 
 # (M, N, K): one element; partial tiles; K over one KC = 256 block; M over MC = 144 and N over
 # the 1024-column tile a 16-bit out is accumulated in (several tiles, repacked panels)
@@ -137,11 +135,4 @@ def test_half_matmul_makes_no_float32_copy(dtype):
     a = rng.standard_normal((512, 1024)).astype(dtype)
     b = rng.standard_normal((1024, 1024)).astype(dtype)
     out = np.zeros((512, 1024), dtype)
-    cyattn.matmul_accumulate(a, b, out)
-    tracemalloc.start()
-    try:
-        cyattn.matmul_accumulate(a, b, out)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert peak < (1 << 20), peak
+    assert traced_peak(lambda: cyattn.matmul_accumulate(a, b, out)) < (1 << 20)

@@ -203,7 +203,8 @@ def _matmul_packed(a, packed, out, n_threads=None):
                          f"(M, {K}) and writable out (M, {N}), got a {a.dtype} {a.shape} "
                          f"and out {out.dtype} {out.shape}")
     M = a.shape[0]
-    n_threads = V.threads_for_work(V.resolve_threads(n_threads, _FNAME), M * N * K, 1 << 18)
+    n_threads = V.fast_threads(n_threads) or V.resolve_threads(n_threads, _FNAME)
+    n_threads = V.threads_for_work(n_threads, M * N * K, 1 << 18)
     packed.kernels.matmul_packed_b(a, a.strides[0] // 4, a.strides[1] // 4, packed.data, out,
                                    out.strides[0] // 4, out.strides[1] // 4, M, N, K, 1.0,
                                    n_threads)
