@@ -123,6 +123,14 @@ def test_thread_safe_concurrent_calls(enc, texts, alone):
             np.testing.assert_array_equal(got, alone[idx])
 
 
+def test_pickled_encoder_gives_the_same_bits(enc, texts, alone):
+    # the weights are kept packed into the kernels' panels; a pickle holds them unpacked and
+    # the loading process packs them again for its own kernels
+    import pickle
+    again = pickle.loads(pickle.dumps(enc))
+    np.testing.assert_array_equal(again.encode(texts, n_threads=1), alone)
+
+
 def test_normalize_false_returns_the_pooled_vector(enc, texts, alone):
     raw = enc.encode(texts[:12], normalize=False)
     norms = np.linalg.norm(raw.astype(np.float64), axis=1)

@@ -8,6 +8,7 @@ Tolerances come from conftest.TOLERANCES (via ``assert_close``/``tol``) only.
 import functools
 import importlib
 import math
+import pickle
 import warnings
 
 import numpy as np
@@ -171,6 +172,10 @@ def test_matmul_with_b_packed_once_same_bits(variant, shape):
             cyattn.matmul_accumulate(a, b, expected, n_threads=n_threads)
             assert _matmul_packed(a, packed, got, n_threads) is got
             np.testing.assert_array_equal(got, expected)
+        np.testing.assert_array_equal(packed.unpacked(), b)        # the layout, read back
+        again = pickle.loads(pickle.dumps(packed))                 # a pickle holds B itself
+        assert again.kernels is _backend.kernels
+        np.testing.assert_array_equal(again.data, packed.data)
     with pytest.raises(TypeError, match="2-D float32"):
         _PackedB(b.astype(np.float64))
     with pytest.raises(ValueError, match=rf"packed \({K}, {N}\) product"):

@@ -316,6 +316,11 @@ def packed_b_size(Py_ssize_t K, Py_ssize_t N):
     return K * round_up(N, NR)
 
 
+def packed_b_layout():
+    """(KC, NR): the depth of pack_b_whole's blocks of rows and the width of its panels."""
+    return KC, NR
+
+
 def pack_b_whole_into(b, Py_ssize_t rsb, Py_ssize_t csb, Py_ssize_t K, Py_ssize_t N, out):
     """out[:packed_b_size(K, N)] = b (float32, K x N, element strides rsb, csb) packed whole
     for matmul_packed_b; out is a writable C-contiguous float32 buffer of that size."""

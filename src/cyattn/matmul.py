@@ -170,7 +170,8 @@ class _PackedB:
     once, each product reads B as one contiguous stream. The panels belong to the kernel
     module in use when packing (their width is the variant's), which the products then use.
     The bits are those of :func:`matmul_accumulate` with the unpacked B (same panels, same
-    order of the sums). Private: the layout is the kernels', not an interchange format.
+    order of the sums). Private: the layout is the kernels', not an interchange format; a
+    pickle holds B itself and is packed again, for the kernels of the process that loads it.
     """
 
     __slots__ = ("kernels", "shape", "data")
@@ -188,6 +189,23 @@ class _PackedB:
         self.kernels.pack_b_whole_into(b, b.strides[0] // 4, b.strides[1] // 4, K, N,
                                        self.data)
         self.data.flags.writeable = False
+
+    def unpacked(self):
+        """B itself, (K, N) float32, rebuilt from the panels: the block of rows at depth pc
+        holds its kc rows as panels of nr columns, ``data[pc * cols + j * kc + p * nr + i]``
+        = ``B[pc + p, j + i]`` (j a multiple of nr, cols = N rounded up to nr)."""
+        K, N = self.shape
+        kc_max, nr = self.kernels.packed_b_layout()
+        cols = -(-N // nr) * nr
+        b = np.empty((K, N), np.float32)
+        for pc in range(0, K, kc_max):
+            kc = min(kc_max, K - pc)
+            panels = self.data[pc * cols:(pc + kc) * cols].reshape(cols // nr, kc, nr)
+            b[pc:pc + kc] = panels.transpose(1, 0, 2).reshape(kc, cols)[:, :N]
+        return b
+
+    def __reduce__(self):
+        return (_PackedB, (self.unpacked(),))
 
 
 def _matmul_packed(a, packed, out, n_threads=None):
