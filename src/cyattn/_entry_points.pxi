@@ -313,7 +313,7 @@ def matmul_accumulate(a, const int64_t[::1] a_off, Py_ssize_t rsa, Py_ssize_t cs
 def packed_b_size(Py_ssize_t K, Py_ssize_t N):
     """Floats that B (K x N, float32) takes packed whole by pack_b_whole: K * round_up(N, NR)
     (this variant's float32 panel width)."""
-    return K * round_up(N, NR)
+    return packed_b_floats(K, N)
 
 
 def packed_b_layout():
@@ -331,7 +331,7 @@ def pack_b_whole_into(b, Py_ssize_t rsb, Py_ssize_t csb, Py_ssize_t K, Py_ssize_
         op = _buf(out, &ov, True)
         try:
             if (bv.itemsize != 4 or ov.itemsize != 4 or K < 0 or N < 0
-                    or ov.len < K * round_up(N, NR) * 4):
+                    or ov.len < packed_b_floats(K, N) * 4):
                 raise ValueError("pack_b_whole_into: expected float32 buffers of the sizes given")
             with nogil:
                 pack_b_whole(K, N, <const float*>bp, rsb, csb, <float*>op)
@@ -360,7 +360,7 @@ def matmul_packed_b(a, Py_ssize_t rsa, Py_ssize_t csa, packed, out, Py_ssize_t r
             cp = _buf(out, &cv, True)
             try:
                 if (av.itemsize != 4 or pv.itemsize != 4 or cv.itemsize != 4
-                        or pv.len < K * round_up(N, NR) * 4):
+                        or pv.len < packed_b_floats(K, N) * 4):
                     raise ValueError("matmul_packed_b: expected float32 buffers of the sizes "
                                      "given")
                 if M > 0 and N > 0 and K > 0:

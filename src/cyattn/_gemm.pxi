@@ -617,6 +617,11 @@ cdef void gemm_block(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, floating alpha,
         jc += NC
 
 
+cdef inline Py_ssize_t packed_b_floats(Py_ssize_t K, Py_ssize_t N) noexcept nogil:
+    """Floats of B (K x N, float32) packed whole by pack_b_whole."""
+    return K * round_up(N, NR)
+
+
 cdef void pack_b_whole(Py_ssize_t K, Py_ssize_t N, const float* b, Py_ssize_t rsb,
                        Py_ssize_t csb, float* dst) noexcept nogil:
     """B (K x N, any strides) packed once for many products (gemm_block's pb_all): each
@@ -750,7 +755,8 @@ cdef int matmul_worker(const floating* a, const int64_t* a_off, Py_ssize_t rsa, 
     cdef Py_ssize_t ma = round_up(tile_m if tile_m < M else M, MR if floating is float else MRD)
     cdef size_t bytes_a = <size_t>((ma if ma < MC else MC) * (kc_max if kc_max > 0 else 1)) \
         * sizeof(floating)
-    cdef size_t bytes_b = <size_t>(nb * (kc_max if kc_max > 0 else 1)) * sizeof(floating)
+    cdef size_t bytes_b = 0 if pb_all != NULL else \
+        <size_t>(nb * (kc_max if kc_max > 0 else 1)) * sizeof(floating)   # B packed already
     cdef size_t bytes_s = 0
     cdef size_t bytes_c = 0
     cdef Py_ssize_t a_esz = 2 if a_fmt != 0 else sizeof(floating)

@@ -67,14 +67,18 @@ def float_dtypes(*arrays):
 HALF_F16, HALF_BF16 = 1, 2
 
 
+def half_code(dtype):
+    """The kernels' code of a 16-bit float dtype: HALF_F16 for float16, HALF_BF16 for
+    bfloat16, else 0."""
+    if dtype == np.float16:
+        return HALF_F16
+    return HALF_BF16 if is_bfloat16(dtype) else 0
+
+
 def half_format(arr, compute):
     """The kernels' code for reading ``arr`` as 16-bit elements (HALF_F16 for float16,
     HALF_BF16 for bfloat16) when the compute dtype is float32, else 0 (it is converted)."""
-    if compute != np.float32:
-        return 0
-    if arr.dtype == np.float16:
-        return HALF_F16
-    return HALF_BF16 if is_bfloat16(arr.dtype) else 0
+    return half_code(arr.dtype) if compute == np.float32 else 0
 
 
 def kernel_ready(arr, dtype):
@@ -306,9 +310,7 @@ def to_result(arr, dtype):
     element at a time, about 0.8 ns each, 5-20 % of a short half-precision attention call)."""
     if arr.dtype == dtype:
         return arr
-    fmt = 0
-    if arr.dtype == np.float32:
-        fmt = HALF_F16 if dtype == np.float16 else (HALF_BF16 if is_bfloat16(dtype) else 0)
+    fmt = half_code(dtype) if arr.dtype == np.float32 else 0
     if fmt and arr.flags.c_contiguous:
         res = np.empty(arr.shape, dtype)
         _backend.kernels.float32_to_half(arr.reshape(-1), res.view(np.uint16).reshape(-1), fmt)

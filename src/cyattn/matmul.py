@@ -148,8 +148,7 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
             a = np.array(a, order="C")
         if np.may_share_memory(out, b):
             b = np.array(b, order="C")
-        in_place = out.flags.aligned and not any(s % out.itemsize for s in out.strides)
-        target = out if in_place else np.array(out, order="C")
+        target = V.kernel_ready(out, out.dtype)     # out itself unless misaligned
     else:
         direct = (out.dtype == compute and out.flags.aligned
                   and not any(s % out.itemsize for s in out.strides)
