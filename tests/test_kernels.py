@@ -775,6 +775,42 @@ def test_softmax_rows_in_pairs_match_rows_alone(variant, dtype):
         np.testing.assert_array_equal(cyattn.softmax(x[::-1]), alone[::-1])
 
 
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_softmax_pipelined_runs_match_the_general_path_bits(variant, n_threads):
+    # Unmasked float32 rows of 32 or more elements run in pipelined runs of rows (the exp pass
+    # of one row with the max pass of the next and the scale pass of the one before,
+    # cyattn_softmax_rows_f32); a row the run declines (no finite maximum, +inf, NaN, a score
+    # more than 87 below the maximum) ends the run and takes the general rules. Every row must
+    # get the bits of the general path (an additive mask of zeros), wherever the declined
+    # rows fall (first, last, next to each other, at a thread's share boundary), in place or
+    # not, for every tail length.
+    rng = np.random.default_rng(31)
+    for rows, n in ((1, 32), (2, 33), (7, 64), (9, 100), (16, 512), (11, 2053)):
+        x = (rng.standard_normal((rows, n)) * 4).astype(np.float32)
+        declined = {0: (0, np.nan), 3: (n - 1, np.inf), 4: (1, -200.0), 8: (0, -np.inf),
+                    rows - 1: (n // 2, -100.0)}
+        for i, (j, value) in declined.items():
+            if 0 < i < rows or (i == 0 and rows > 2):
+                x[i, j] = value
+        if rows > 8:
+            x[8, :] = -np.inf
+        general = cyattn.softmax(x, mask=np.zeros_like(x))
+
+        def rows_kernel(src, out):          # the kernel entry, past the small-work thread cap
+            cyattn._backend.kernels.softmax_rows(src, out, None, None, 0, 0, 0, 0, False,
+                                                 n_threads)
+            return out
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            np.testing.assert_array_equal(rows_kernel(x, np.empty_like(x)), general)
+            inplace = x.copy()
+            np.testing.assert_array_equal(rows_kernel(inplace, inplace), general)
+            np.testing.assert_array_equal(rows_kernel(x[1:], np.empty_like(x[1:])),
+                                          general[1:])
+        np.testing.assert_array_equal(cyattn.softmax(x), general)
+
+
 @softmax_fns
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 def test_softmax_out_written_directly(variant, dtype, log, monkeypatch):

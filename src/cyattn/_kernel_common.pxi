@@ -28,6 +28,7 @@ from ._kernels cimport (cyattn_cpu_features, cyattn_openmp_enabled, cyattn_omp_m
                         cyattn_prefetch_r, cyattn_half_to_float, cyattn_float_to_half, cyattn_widen1,
                         cyattn_wsum_rows, cyattn_dot_rows, CYATTN_ROWK, cyattn_rows_max_min_f32,
                         cyattn_rows_exp_sum_f32, cyattn_rows_scale_f32, cyattn_softmax_row_f32,
+                        cyattn_softmax_rows_f32,
                         CYATTN_HALF_F16,
                         CYATTN_HALF_BF16)
 
