@@ -155,12 +155,16 @@ def test_bench_helpers():
                                samples=5, target=0.0005)
     assert len(times["a"]) == len(times["b"]) == 5
     assert all(t > 0 for t in times["a"] + times["b"])
-    # with a pause, each sample is preceded by one untimed call (calibrate makes two calls, and
-    # a call longer than target gives one timed call per sample)
+    # with a pause, each sample is preceded by untimed calls for `warm` seconds, at least one
+    # (calibrate makes two calls, and a call longer than target gives one timed call per sample)
     calls.clear()
     times = _bench.interleaved({"a": lambda: calls.append(time.sleep(0.002))},
-                               samples=3, target=0.001, pause=0.001)
+                               samples=3, target=0.001, pause=0.001, warm=0)
     assert len(times["a"]) == 3 and len(calls) == 2 + 3 * 2
+    calls.clear()
+    _bench.interleaved({"a": lambda: calls.append(time.sleep(0.002))},
+                       samples=3, target=0.001, pause=0.001, warm=0.02)
+    assert len(calls) > 2 + 3 * 2
     calls.clear()
     _bench.interleaved({"a": lambda: calls.append(time.sleep(0.002))}, samples=3, target=0.001)
     assert len(calls) == 2 + 3

@@ -13,8 +13,8 @@ Measurement rules (see bench/README.md in the repository for the full harness):
   (up to 5x). They act when numpy is loaded, so the bench re-runs itself in a child process
   without them (:func:`blas_env_overrides`, :func:`rerun_without_blas_overrides`) and says so.
 * With more than one thread, OpenBLAS workers busy-spin for ~0.1 s after a call, which would
-  slow whatever runs next on a small machine: samples are then separated by a pause, and an
-  untimed call after the pause keeps the slow first call after a sleep out of the sample.
+  slow whatever runs next on a small machine: samples are then separated by a pause, and
+  untimed calls for 0.1 s after it keep the slow calls after a sleep out of the sample.
 
 The full harness (``python -m cyattn bench --full``, ``bench/run.py`` in a checkout) lives here
 too, so that it runs from an installed package: cyattn vs NumPy vs PyTorch (when installed) on

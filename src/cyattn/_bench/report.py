@@ -5,7 +5,7 @@ import math
 import statistics
 
 from .cases import _MIB, KV_READ, PEERS, Spec
-from .timing import paired_ratio, summary
+from .timing import WARM_AFTER_PAUSE, paired_ratio, summary
 
 
 _TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))
@@ -373,7 +373,10 @@ def render_markdown(result):
         f"- float32. Each time: median of {meta['samples']} sample"
         f"{'s' if meta['samples'] != 1 else ''} (min–max) of at least "
         f"{meta['target'] * 1e3:.0f} ms each (one call if longer), the implementations' samples "
-        f"interleaved in one process, thread count{plural} {', '.join(map(str, meta['threads']))}"
+        + (f"interleaved in one process (with more than one thread, a {meta['pause']:g} s pause "
+           f"and {WARM_AFTER_PAUSE:g} s of untimed calls before each sample), "
+           if meta.get("pause") else "interleaved in one process, ")
+        + f"thread count{plural} {', '.join(map(str, meta['threads']))}"
         f" (cyattn `n_threads`; softmax: the OpenMP limit; torch.set_num_threads; ONNX Runtime: "
         f"intra_op_num_threads, inter_op 1, sequential; JAX: XLA's pool via NPROC; NumPy's BLAS "
         + ("via threadpoolctl)." if meta["limits_active"] else

@@ -128,15 +128,34 @@ def calibrate(fn, target):
     return max(1, int(math.ceil(target / max(t, 1e-9))))
 
 
-def interleaved(fns, samples=7, target=0.02, pause=0.0, tick=None):
+# Seconds of untimed calls after each pause of interleaved() (see there).
+WARM_AFTER_PAUSE = 0.1
+
+
+def _warm_up(fn, seconds):
+    """Call fn at least once, and until ``seconds`` have passed."""
+    t0 = time.perf_counter()
+    fn()
+    while time.perf_counter() - t0 < seconds:
+        fn()
+
+
+def interleaved(fns, samples=7, target=0.02, pause=0.0, tick=None, warm=WARM_AFTER_PAUSE):
     """Time each callable of ``fns`` (a dict name -> fn) ``samples`` times, interleaved.
 
     Round r runs every function once in order (A B A B ...), each for a calibrated number of
-    calls; returns a dict name -> list of seconds per call, one per round. ``pause`` seconds of
-    sleep separate samples, each followed by one untimed call: here the first call after a
-    sleep ran 1.5-2.5x slower for every implementation (decode at 2 threads: 9-15 ms, then
-    5-6 ms), which with a few calls per sample decided the ratio. ``tick()`` is called after
-    each round.
+    calls; returns a dict name -> list of seconds per call, one per round. ``tick()`` is called
+    after each round.
+
+    ``pause`` seconds of sleep separate samples, each followed by untimed calls for ``warm``
+    seconds (at least one call; default :data:`WARM_AFTER_PAUSE`):
+
+    * here the first call after a sleep ran 1.5-2.5x slower for every implementation (decode
+      at 2 threads: 9-15 ms, then 5-6 ms), which with a few calls per sample decided the ratio;
+    * on a 2-vCPU VM (Zen 5 host) 2-thread calls stalled for 10-45 ms in all within the first
+      50-100 ms after a 0.2 s sleep (a 33 µs softmax averaged 0.2-0.9 ms per call over 50
+      calls), so that samples of small cases measured the stall (a median of 1.03 ms against a
+      minimum of 33 µs). After 0.1 s of calls no stall was left.
     """
     numbers = {name: calibrate(fn, target) for name, fn in fns.items()}
     times = {name: [] for name in fns}
@@ -144,7 +163,7 @@ def interleaved(fns, samples=7, target=0.02, pause=0.0, tick=None):
         for name, fn in fns.items():
             if pause:
                 time.sleep(pause)
-                fn()
+                _warm_up(fn, warm)
             times[name].append(_time_calls(fn, numbers[name]))
         if tick:
             tick()
