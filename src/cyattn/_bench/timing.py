@@ -145,9 +145,12 @@ def interleaved(fns, samples=7, target=0.02, pause=0.0, tick=None, warm=WARM_AFT
 
     Round r runs every function once in order (A B A B ...), each for a calibrated number of
     calls; returns a dict name -> list of seconds per call, one per round. ``tick()`` is called
-    after each round.
+    after each round. Each sample is preceded by one untimed call of its function, so that what
+    the previous function left running does not land in it: after a jitted JAX attention
+    returned, the next call of cyattn (45 ms alone, one call per sample) ran 20-30 ms slower,
+    and only that call (one thread; we take it for JAX freeing its buffers after returning).
 
-    ``pause`` seconds of sleep separate samples, each followed by untimed calls for ``warm``
+    ``pause`` seconds of sleep separate samples, and the untimed calls then last ``warm``
     seconds (at least one call; default :data:`WARM_AFTER_PAUSE`):
 
     * here the first call after a sleep ran 1.5-2.5x slower for every implementation (decode
@@ -163,7 +166,7 @@ def interleaved(fns, samples=7, target=0.02, pause=0.0, tick=None, warm=WARM_AFT
         for name, fn in fns.items():
             if pause:
                 time.sleep(pause)
-                _warm_up(fn, warm)
+            _warm_up(fn, warm if pause else 0.0)
             times[name].append(_time_calls(fn, numbers[name]))
         if tick:
             tick()
