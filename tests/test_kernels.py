@@ -775,6 +775,27 @@ def test_softmax_rows_in_pairs_match_rows_alone(variant, dtype):
         np.testing.assert_array_equal(cyattn.softmax(x[::-1]), alone[::-1])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_log_softmax_into_a_distinct_row_matches_the_general_path_bits(variant, dtype):
+    # An unmasked log-softmax into a distinct out takes three passes from x (log_softmax_row_to:
+    # max, exp-sum, (x - max) - log(sum)) instead of a copy and two shifts in place; every row,
+    # special ones included (a NaN, +inf, all -inf, a score far below the maximum), must keep
+    # the bits of the general path (an additive mask of zeros).
+    rng = np.random.default_rng(37)
+    edge = 87.0 if dtype == np.float32 else 708.0
+    for n in (1, 7, 31, 32, 65, 300, 2048):
+        x = (rng.standard_normal((6, n)) * 4).astype(dtype)
+        x[1, n // 2] = np.nan
+        x[2, n - 1] = np.inf
+        x[3, :] = -np.inf
+        x[4, 0] = dtype(-3 * edge)
+        general = cyattn.log_softmax(x, mask=np.zeros_like(x))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            np.testing.assert_array_equal(cyattn.log_softmax(x), general)
+            np.testing.assert_array_equal(cyattn.log_softmax(x, out=np.empty_like(x)), general)
+
+
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
 def test_softmax_pipelined_runs_match_the_general_path_bits(variant, n_threads):
     # Unmasked float32 rows of 32 or more elements run in pipelined runs of rows (the exp pass
