@@ -796,10 +796,11 @@ def test_log_softmax_into_a_distinct_row_matches_the_general_path_bits(variant, 
             np.testing.assert_array_equal(cyattn.log_softmax(x, out=np.empty_like(x)), general)
 
 
+@softmax_fns
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
-def test_softmax_pipelined_runs_match_the_general_path_bits(variant, n_threads):
+def test_softmax_pipelined_runs_match_the_general_path_bits(variant, n_threads, log):
     # Unmasked float32 rows of 32 or more elements run in pipelined runs of rows (the exp pass
-    # of one row with the max pass of the next and the scale pass of the one before,
+    # of one row with the max pass of the next and the scale or log pass of the one before,
     # cyattn_softmax_rows_f32); a row the run declines (no finite maximum, +inf, NaN, a score
     # more than 87 below the maximum) ends the run and takes the general rules. Every row must
     # get the bits of the general path (an additive mask of zeros), wherever the declined
@@ -815,10 +816,10 @@ def test_softmax_pipelined_runs_match_the_general_path_bits(variant, n_threads):
                 x[i, j] = value
         if rows > 8:
             x[8, :] = -np.inf
-        general = cyattn.softmax(x, mask=np.zeros_like(x))
+        general = _sm(log)(x, mask=np.zeros_like(x))
 
         def rows_kernel(src, out):          # the kernel entry, past the small-work thread cap
-            cyattn._backend.kernels.softmax_rows(src, out, None, None, 0, 0, 0, 0, False,
+            cyattn._backend.kernels.softmax_rows(src, out, None, None, 0, 0, 0, 0, log,
                                                  n_threads)
             return out
 
@@ -829,7 +830,7 @@ def test_softmax_pipelined_runs_match_the_general_path_bits(variant, n_threads):
             np.testing.assert_array_equal(rows_kernel(inplace, inplace), general)
             np.testing.assert_array_equal(rows_kernel(x[1:], np.empty_like(x[1:])),
                                           general[1:])
-        np.testing.assert_array_equal(cyattn.softmax(x), general)
+        np.testing.assert_array_equal(_sm(log)(x), general)
 
 
 @softmax_fns

@@ -918,13 +918,15 @@ static inline int cyattn_softmax_row_f32(const float* x, float* y, ptrdiff_t n,
 }
 
 /* One step of cyattn_softmax_rows_f32 over the first n32 elements: row i's exp pass (exp of
-   xi - m into yi, lane sums into acc), and, when next / prev (constants at each call), the next
-   row's max pass (its lane maxima and minima into hi, lo) and the previous row's scale pass (yp
-   *= f), each element by the operations of cyattn_softmax_row_f32's passes. */
-CYATTN_INLINE void cyattn_rowp_step(const float* xi, float* yi, const float* xn, float* yp,
-                                    ptrdiff_t n32, ptrdiff_t n, float m, float f, CYATTN_RV* acc,
-                                    CYATTN_RV* hi, CYATTN_RV* lo, int next, int prev) {
-    CYATTN_RV vs = cyattn_rset1(m), vf = cyattn_rset1(f);
+   xi - m, lane sums into acc; stored into yi unless log_out), and, when next / prev (constants
+   at each call, as log_out), the next row's max pass (its lane maxima and minima into hi, lo)
+   and the previous row's last pass (softmax: yp *= f; log_out: yp = (xp - mp) - f), each
+   element by the operations of cyattn_softmax_row_f32's passes. */
+CYATTN_INLINE void cyattn_rowp_step(const float* xi, float* yi, const float* xn, const float* xp,
+                                    float* yp, ptrdiff_t n32, ptrdiff_t n, float m, float mp,
+                                    float f, CYATTN_RV* acc, CYATTN_RV* hi, CYATTN_RV* lo,
+                                    int next, int prev, int log_out) {
+    CYATTN_RV vs = cyattn_rset1(m), vmp = cyattn_rset1(mp), vf = cyattn_rset1(f);
     ptrdiff_t j;
     int k;
     for (j = 0; j < n32; j += 32) {
@@ -938,33 +940,38 @@ CYATTN_INLINE void cyattn_rowp_step(const float* xi, float* yi, const float* xn,
         cyattn_prefetch_w(yi + n + j + 16);
         for (k = 0; k < CYATTN_RN; k++) {
             CYATTN_RV e = cyattn_rexp_nonpos(cyattn_rload(xi + j + k * CYATTN_RW), vs);
-            cyattn_rstore(yi + j + k * CYATTN_RW, e);
+            if (!log_out)
+                cyattn_rstore(yi + j + k * CYATTN_RW, e);
             acc[k] = cyattn_radd(acc[k], e);
             if (next) {
                 CYATTN_RV w = cyattn_rload(xn + j + k * CYATTN_RW);
                 hi[k] = cyattn_rmax(w, hi[k]);
                 lo[k] = cyattn_rmin(w, lo[k]);
             }
-            if (prev)
+            if (prev && log_out)
+                cyattn_rstore(yp + j + k * CYATTN_RW, cyattn_rsub(
+                    cyattn_rsub(cyattn_rload(xp + j + k * CYATTN_RW), vmp), vf));
+            else if (prev)
                 cyattn_rstore(yp + j + k * CYATTN_RW,
                               cyattn_rmul(cyattn_rload(yp + j + k * CYATTN_RW), vf));
         }
     }
 }
 
-/* The unmasked float32 softmax of `rows` contiguous rows of n >= 32 elements, x -> y (distinct,
-   or the same array), with the bits of cyattn_softmax_row_f32 on each row, software-pipelined
-   across rows: the exp pass of row i also runs the max pass of row i + 1 and the scale pass of
-   row i - 1. The exp pass is bound by its FMA-class operations (10 per vector); the other two
-   passes are loads, stores, max/min and one multiply, which then fill its idle ports instead of
-   running on their own: 1.2-1.3x faster than row by row on rows of 512 and 2048 from L3 (Zen 5,
-   512-bit), 1.1-1.2x with 256-bit vectors. Returns how many leading rows are done; the row
-   after them, if any, needs the module's general rules (cyattn_softmax_row_f32 would decline
-   it) and nothing of it, or of later rows, has been written. */
-static inline ptrdiff_t cyattn_softmax_rows_f32(const float* x, float* y, ptrdiff_t rows,
-                                                ptrdiff_t n) {
+/* The unmasked float32 softmax (log_out: log-softmax) of `rows` contiguous rows of n >= 32
+   elements, x -> y (distinct, or the same array), with the bits of cyattn_softmax_row_f32 on
+   each row, software-pipelined across rows: the exp pass of row i also runs the max pass of
+   row i + 1 and the last pass of row i - 1 (the scale, or the log pass). The exp pass is bound
+   by its FMA-class operations (10 per vector); the other two passes are loads, stores,
+   max/min and one multiply or two subtractions, which then fill its idle ports instead of
+   running on their own: softmax 1.2-1.3x faster than row by row on rows of 512 and 2048 from
+   L3 (Zen 5, 512-bit), 1.1-1.2x with 256-bit vectors. Returns how many leading rows are done;
+   the row after them, if any, needs the module's general rules (cyattn_softmax_row_f32 would
+   decline it) and nothing of it, or of later rows, has been written. */
+CYATTN_INLINE ptrdiff_t cyattn_softmax_rows_f32_impl(const float* x, float* y, ptrdiff_t rows,
+                                                     ptrdiff_t n, int log_out) {
     ptrdiff_t i, j, n32 = n - n % 32;
-    float m = 0.0f, f = 0.0f, mn;
+    float m = 0.0f, mp = 0.0f, f = 0.0f, mn;
     int k;
     if (rows <= 0 || !cyattn_rowk_max(x, n, NULL, &m))
         return 0;
@@ -973,23 +980,24 @@ static inline ptrdiff_t cyattn_softmax_rows_f32(const float* x, float* y, ptrdif
         float* yi = y + i * n;
         int next = i + 1 < rows, prev = i > 0;
         const float* xn = next ? xi + n : xi;
+        const float* xp = prev ? xi - n : xi;
         float* yp = prev ? yi - n : yi;
         CYATTN_RV acc[CYATTN_RN], hi[CYATTN_RN], lo[CYATTN_RN];
-        float tail = 0.0f, m_next = 0.0f;
+        float tail = 0.0f, m_next = 0.0f, total;
         for (k = 0; k < CYATTN_RN; k++) {
             acc[k] = cyattn_rset1(0.0f);
             hi[k] = cyattn_rset1(-INFINITY);
             lo[k] = cyattn_rset1(INFINITY);
         }
         if (next && prev)
-            cyattn_rowp_step(xi, yi, xn, yp, n32, n, m, f, acc, hi, lo, 1, 1);
+            cyattn_rowp_step(xi, yi, xn, xp, yp, n32, n, m, mp, f, acc, hi, lo, 1, 1, log_out);
         else if (next)
-            cyattn_rowp_step(xi, yi, xn, yp, n32, n, m, f, acc, hi, lo, 1, 0);
+            cyattn_rowp_step(xi, yi, xn, xp, yp, n32, n, m, mp, f, acc, hi, lo, 1, 0, log_out);
         else if (prev)
-            cyattn_rowp_step(xi, yi, xn, yp, n32, n, m, f, acc, hi, lo, 0, 1);
+            cyattn_rowp_step(xi, yi, xn, xp, yp, n32, n, m, mp, f, acc, hi, lo, 0, 1, log_out);
         else
-            cyattn_rowp_step(xi, yi, xn, yp, n32, n, m, f, acc, hi, lo, 0, 0);
-        if (n > n32) {                  /* the tails, as cyattn_rowk_exp / _max / _scale do them */
+            cyattn_rowp_step(xi, yi, xn, xp, yp, n32, n, m, mp, f, acc, hi, lo, 0, 0, log_out);
+        if (n > n32) {     /* the tails, as cyattn_rowk_exp / _max / _scale / _log do them */
             float xb[32], eb[32];
             CYATTN_RV vs = cyattn_rset1(m);
             for (k = 0; k < 32; k++)
@@ -998,14 +1006,18 @@ static inline ptrdiff_t cyattn_softmax_rows_f32(const float* x, float* y, ptrdif
                 cyattn_rstore(eb + k * CYATTN_RW,
                               cyattn_rexp_nonpos(cyattn_rload(xb + k * CYATTN_RW), vs));
             for (k = 0; k < n - n32; k++) {
-                yi[n32 + k] = eb[k];
+                if (!log_out)
+                    yi[n32 + k] = eb[k];
                 tail += eb[k];
             }
             if (prev)
                 for (j = n32; j < n; j++)
-                    yp[j] = yp[j] * f;
+                    yp[j] = log_out ? (xp[j] - mp) - f : yp[j] * f;
         }
-        f = 1.0f / (cyattn_rsum32(acc) + tail);
+        total = cyattn_rsum32(acc) + tail;
+        /* softmax: the scale factor; log-softmax: log(sum) in double, rounded to float */
+        f = log_out ? (float)log((double)total) : 1.0f / total;
+        mp = m;
         if (next) {
             m_next = cyattn_rmax32(hi, 1);
             mn = cyattn_rmax32(lo, 0);
@@ -1015,14 +1027,26 @@ static inline ptrdiff_t cyattn_softmax_rows_f32(const float* x, float* y, ptrdif
                 mn = v < mn ? v : mn;
             }
             if (m_next == -INFINITY || m_next == INFINITY || !(mn - m_next >= -87.0f)) {
-                cyattn_rowk_scale(yi, n, f);
+                if (log_out)
+                    cyattn_rowk_log(xi, yi, n, NULL, m, f);
+                else
+                    cyattn_rowk_scale(yi, n, f);
                 return i + 1;
             }
             m = m_next;
         }
     }
-    cyattn_rowk_scale(y + (rows - 1) * n, n, f);
+    if (log_out)
+        cyattn_rowk_log(x + (rows - 1) * n, y + (rows - 1) * n, n, NULL, mp, f);
+    else
+        cyattn_rowk_scale(y + (rows - 1) * n, n, f);
     return rows;
+}
+
+static inline ptrdiff_t cyattn_softmax_rows_f32(const float* x, float* y, ptrdiff_t rows,
+                                                ptrdiff_t n, int log_out) {
+    return log_out ? cyattn_softmax_rows_f32_impl(x, y, rows, n, 1)
+                   : cyattn_softmax_rows_f32_impl(x, y, rows, n, 0);
 }
 #else
 static inline void cyattn_rows_max_min_f32(const float* x, ptrdiff_t n, float* pmax, float* pmin) {
@@ -1036,8 +1060,8 @@ static inline void cyattn_rows_scale_f32(float* y, ptrdiff_t n, float factor) {
     (void)y; (void)n; (void)factor;
 }
 static inline ptrdiff_t cyattn_softmax_rows_f32(const float* x, float* y, ptrdiff_t rows,
-                                                ptrdiff_t n) {
-    (void)x; (void)y; (void)rows; (void)n;
+                                                ptrdiff_t n, int log_out) {
+    (void)x; (void)y; (void)rows; (void)n; (void)log_out;
     return 0;
 }
 static inline int cyattn_softmax_row_f32(const float* x, float* y, ptrdiff_t n,

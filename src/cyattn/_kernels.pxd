@@ -35,7 +35,8 @@ cdef extern from "_cyattn_support.h" nogil:
     void cyattn_rows_scale_f32(float* y, Py_ssize_t n, float factor)
     int cyattn_softmax_row_f32(const float* x, float* y, Py_ssize_t n, const uint8_t* keep,
                                int log_out)
-    Py_ssize_t cyattn_softmax_rows_f32(const float* x, float* y, Py_ssize_t rows, Py_ssize_t n)
+    Py_ssize_t cyattn_softmax_rows_f32(const float* x, float* y, Py_ssize_t rows, Py_ssize_t n,
+                                       int log_out)
     int cyattn_cpu_features()
     int cyattn_openmp_enabled()
     int cyattn_omp_max_threads()

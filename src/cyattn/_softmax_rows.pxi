@@ -14,11 +14,12 @@
 #   against the loops on a Zen 3 host, 1.1-1.4x faster unmasked (1.2-1.3x more on inputs past
 #   L2, from a prefetch of the next row) and 1.5-3x under a mask (issue 26). row_max_min,
 #   row_exp_sum_to's shortened exp and row_scale use its passes for their float32 loops too.
-# * unmasked float32 softmax rows of 32 or more elements go further: runs of rows are
-#   software-pipelined (cyattn_softmax_rows_f32 via softmax_row_run), the exp pass of one row
-#   carrying the max pass of the next and the scale pass of the one before, with the same bits
-#   per row; 1.2-1.4x faster than row by row (rows of 512 and 2048, Zen 5, 1 thread), which
-#   took softmax at 1 thread from 1.03-1.10x ONNX Runtime's to 1.3-1.5x on rows of 512.
+# * unmasked float32 softmax and log-softmax rows of 32 or more elements go further: runs of
+#   rows are software-pipelined (cyattn_softmax_rows_f32 via softmax_row_run), the exp pass of
+#   one row carrying the max pass of the next and the last pass (scale or log) of the one
+#   before, with the same bits per row; 1.2-1.4x faster than row by row (rows of 512 and
+#   2048, Zen 5, 1 thread), which took softmax at 1 thread from 1.03-1.10x ONNX Runtime's to
+#   1.3-1.5x on rows of 512, and log-softmax from 0.94-1.22x to 1.18-1.44x (rows of 128-2048).
 
 cdef inline floating lanes_sum(floating* part) noexcept nogil:
     """part[0] + ... + part[LANES-1] combined pairwise (lane j with j + 16, then + 8, ...).
@@ -436,16 +437,18 @@ cdef void softmax_pair_to(const floating* x0, floating* y0, const floating* x1, 
 
 
 cdef void softmax_row_run(const float* x, float* y, Py_ssize_t r0, Py_ssize_t r1,
-                          Py_ssize_t n) noexcept nogil:
-    """Unmasked float32 softmax of the C-contiguous rows r0 .. r1 of n >= LANES elements
-    (CYATTN_ROWK variants): cyattn_softmax_rows_f32's pipelined runs of rows, with the bits of
-    softmax_row on each row; a row that run declines (no finite maximum, or a score more than
-    87 below it) takes softmax_row and the run restarts after it."""
+                          Py_ssize_t n, bint log_out) noexcept nogil:
+    """Unmasked float32 softmax (log_out: log-softmax) of the C-contiguous rows r0 .. r1 of
+    n >= LANES elements (CYATTN_ROWK variants): cyattn_softmax_rows_f32's pipelined runs of
+    rows, with the bits of softmax_row on each row; a row that run declines (no finite
+    maximum, or a score more than 87 below it) takes softmax_row and the run restarts after
+    it."""
     cdef Py_ssize_t r = r0
     while r < r1:
-        r += cyattn_softmax_rows_f32(x + r * n, y + r * n, r1 - r, n)
+        r += cyattn_softmax_rows_f32(x + r * n, y + r * n, r1 - r, n, log_out)
         if r < r1:
-            softmax_row(x + r * n, y + r * n, n, NULL, 0, <const float*>NULL, 0, False, x != y)
+            softmax_row(x + r * n, y + r * n, n, NULL, 0, <const float*>NULL, 0, log_out,
+                        x != y and not log_out)
             r += 1
 
 
@@ -459,15 +462,15 @@ cdef void softmax_row_tasks(const floating* x, floating* y, Py_ssize_t rows, Py_
     if floating is float:
         if CYATTN_ROWK:                 # softmax_row's explicit vectors, one row at a time
             pairs = False
-            if bmask == NULL and amask == NULL and not log_out and n >= LANES:
-                # unmasked softmax: runs of rows pipelined (softmax_row_run), each thread
-                # one contiguous share of the rows
+            if bmask == NULL and amask == NULL and n >= LANES:
+                # unmasked (log-)softmax: runs of rows pipelined (softmax_row_run), each
+                # thread one contiguous share of the rows
                 if n_threads <= 1:
-                    softmax_row_run(<const float*>x, <float*>y, 0, rows, n)
+                    softmax_row_run(<const float*>x, <float*>y, 0, rows, n, log_out)
                 else:
                     for t in prange(n_threads, num_threads=n_threads, schedule='static'):
                         softmax_row_run(<const float*>x, <float*>y, rows * t // n_threads,
-                                        rows * (t + 1) // n_threads, n)
+                                        rows * (t + 1) // n_threads, n, log_out)
                 return
     if pairs:                           # rows in pairs (softmax_pair_to), the last one alone
         if n_threads <= 1:
