@@ -70,20 +70,19 @@ def measure_read_bandwidth(nbytes, n_threads=1, repeats=7):
 
 
 SGEMM_N = 1024                  # the sgemm rate is measured on n x n x n float32 products
-PAUSE = 0.2                     # seconds of sleep before each implementation, > 1 thread
 
 
-def measure_sgemm(n_threads=1, n=SGEMM_N, repeats=5):
+def measure_sgemm(n_threads=1, n=SGEMM_N, repeats=5, pause=0.0):
     """GFLOP/s of an ``n``-cubed float32 product at ``n_threads`` threads: dict with "numpy"
     (``np.matmul(a, b, out=c)``, its BLAS pinned with threadpoolctl when installed) and "cyattn"
     (``cyattn.matmul_accumulate``), each the best of ``repeats`` timed calls after one
-    untimed call. With more than one thread, each implementation starts after the harness's
-    pause and warm-up (:func:`interleaved`): right after NumPy's calls, OpenBLAS's spinning
+    untimed call. With more than one thread, each implementation starts after ``pause`` (the
+    harness's) and its warm-up (:func:`settle`): right after NumPy's calls, OpenBLAS's spinning
     workers held the second core, and cyattn's 1024³ product at 2 threads read 222-229 GFLOP/s
     (its 1-thread rate) against 353 in the timed table."""
     import cyattn
 
-    from .timing import WARM_AFTER_PAUSE, _warm_up, thread_limits
+    from .timing import settle, thread_limits
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
@@ -93,9 +92,7 @@ def measure_sgemm(n_threads=1, n=SGEMM_N, repeats=5):
     out = {}
     with thread_limits(n_threads):
         for name, fn in calls.items():
-            if n_threads > 1:
-                time.sleep(PAUSE)
-            _warm_up(fn, WARM_AFTER_PAUSE if n_threads > 1 else 0.0)
+            settle(fn, pause if n_threads > 1 else 0.0)
             best = math.inf
             for _ in range(repeats):
                 t0 = time.perf_counter()

@@ -165,7 +165,7 @@ def run_full(specs, threads=(1, 2), samples=7, target=0.03, pause=0.2, use_torch
     bw_bytes = Spec("decode", DECODE_SHAPE, "dense").kv_bytes
     bw_threads = sorted(set(threads) | {os.cpu_count() or 1})
     bandwidth = {str(n): measure_read_bandwidth(bw_bytes, n) for n in bw_threads}
-    sgemm = {str(n): measure_sgemm(n) for n in threads}
+    sgemm = {str(n): measure_sgemm(n, pause=pause) for n in threads}
     if bar:
         bar.update(label, 1)
 
@@ -192,7 +192,7 @@ def run_full(specs, threads=(1, 2), samples=7, target=0.03, pause=0.2, use_torch
         bar.update(label)
     peak_end = measure_fma_peak(_backend.kernels)
     for n in threads:
-        again = measure_sgemm(n)
+        again = measure_sgemm(n, pause=pause)
         sgemm[str(n)] = {k: max(v, again[k]) for k, v in sgemm[str(n)].items()}
     if bar:
         bar.update(label, 1)

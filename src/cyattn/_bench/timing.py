@@ -132,8 +132,12 @@ def calibrate(fn, target):
 WARM_AFTER_PAUSE = 0.1
 
 
-def _warm_up(fn, seconds):
-    """Call fn at least once, and until ``seconds`` have passed."""
+def settle(fn, pause, warm=WARM_AFTER_PAUSE):
+    """What precedes a sample of ``fn`` (see :func:`interleaved`): ``pause`` seconds of sleep,
+    if any, then untimed calls of ``fn``: for ``warm`` seconds after a pause, else one."""
+    if pause:
+        time.sleep(pause)
+    seconds = warm if pause else 0.0
     t0 = time.perf_counter()
     fn()
     while time.perf_counter() - t0 < seconds:
@@ -164,9 +168,7 @@ def interleaved(fns, samples=7, target=0.02, pause=0.0, tick=None, warm=WARM_AFT
     times = {name: [] for name in fns}
     for _ in range(samples):
         for name, fn in fns.items():
-            if pause:
-                time.sleep(pause)
-            _warm_up(fn, warm if pause else 0.0)
+            settle(fn, pause, warm)
             times[name].append(_time_calls(fn, numbers[name]))
         if tick:
             tick()
