@@ -10,13 +10,15 @@ a checkout built in place (``python setup.py build_ext --inplace``; give the che
 
 For every round, variant and thread count, OLD and NEW run in fresh subprocesses one after the
 other (ABBA order across rounds, so neither build always runs second), each timing every case
-for ``--samples`` calibrated samples (the median is that round's time). The ratio of a case in
+for ``--samples`` calibrated samples (their median, or with ``--stat min`` their minimum, is
+that round's time). The ratio of a case in
 a round is OLD time / NEW time (> 1: NEW is faster); the table gives the median ratio over the
 rounds and its range. A case is flagged ``SLOWER`` when even the best round's ratio is below
 1 - ``--noise`` (default 0.03), and ``faster`` when the worst round's ratio is above 1 + noise.
 
 The cases are those of ``python -m cyattn bench --full --quick`` (:func:`build_specs` of the
-NEW build's harness; the same callables run on both builds), cyattn's own call only, with
+NEW build's harness, which both builds' children load, so the same timed calls run on both and
+OLD may predate the harness), cyattn's own call only, with
 ``CYATTN_BACKEND`` set to the variant. ``--cases-extra`` adds a batched decode
 (8, 32, 1, 4096, 128) and a dense SDPA (1, 8, 2048, 64). Both builds must have the same
 variants; a variant the host cannot run is skipped with a note. Exit status 1 if a case is
@@ -30,18 +32,25 @@ import subprocess
 import sys
 import tempfile
 
-# The child: imports cyattn from sys.path[0] (the build under test), times the cases, prints
-# one JSON line {case name: seconds per call}. It only uses names every build since the
-# harness moved into the package has (cyattn._bench.{build_specs, prepare, calibrate}).
+# The child: imports cyattn from the build under test and the bench harness (cyattn._bench)
+# from the NEW build, times the cases, prints one JSON line {case name: seconds per call}. The
+# harness calls only cyattn's public functions, so a build older than the harness runs too.
 _CHILD = r"""
 import json, os, sys, time
-site, cases_json, n_threads, samples, target = sys.argv[1:6]
+site, harness, cases_json, n_threads, samples, target = sys.argv[1:7]
 sys.path.insert(0, site)
+import importlib.util
 import numpy as np
 import cyattn
 from cyattn import _backend
 if not os.path.realpath(cyattn.__file__).startswith(os.path.realpath(site)):
     raise SystemExit(f"cyattn came from {cyattn.__file__}, not from {site}")
+# the harness of the NEW build, whatever this build has: both builds run the same timed calls
+spec = importlib.util.spec_from_file_location(
+    "cyattn._bench", os.path.join(harness, "__init__.py"), submodule_search_locations=[harness])
+bench = importlib.util.module_from_spec(spec)
+sys.modules["cyattn._bench"] = bench
+spec.loader.exec_module(bench)
 from cyattn._bench.cases import Spec, prepare
 from cyattn._bench.timing import calibrate
 n_threads, samples, target = int(n_threads), int(samples), float(target)
@@ -63,8 +72,7 @@ for d in json.loads(cases_json):
         for _ in range(number):
             fn()
         per_call.append((time.perf_counter() - t0) / number)
-    per_call.sort()
-    out["times"][spec.name] = per_call[len(per_call) // 2]
+    out["times"][spec.name] = sorted(per_call)
 print(json.dumps(out))
 """
 
@@ -114,8 +122,9 @@ def _case_list(site, only, extra):
     return cases
 
 
-def _run_child(site, variant, cases, n_threads, samples, target):
-    res = subprocess.run([sys.executable, "-c", _CHILD, site, json.dumps(cases), str(n_threads),
+def _run_child(site, harness, variant, cases, n_threads, samples, target, stat):
+    res = subprocess.run([sys.executable, "-c", _CHILD, site, harness, json.dumps(cases),
+                          str(n_threads),
                           str(samples), str(target)], capture_output=True, text=True,
                          cwd=tempfile.gettempdir(), env=_env(variant))
     if res.returncode != 0:
@@ -123,7 +132,8 @@ def _run_child(site, variant, cases, n_threads, samples, target):
     data = json.loads(res.stdout.strip().splitlines()[-1])
     if data["variant"] != variant:
         raise SystemExit(f"ab_builds: {site} ran {data['variant']}, not {variant}")
-    return data["times"]
+    pick = (lambda xs: xs[0]) if stat == "min" else (lambda xs: xs[len(xs) // 2])
+    return {name: pick(xs) for name, xs in data["times"].items()}
 
 
 def main(argv=None):
@@ -137,6 +147,9 @@ def main(argv=None):
     ap.add_argument("--samples", type=int, default=3, help="samples per case per child "
                     "(default 3; the median is the round's time)")
     ap.add_argument("--min-time", type=float, default=0.03, help="seconds per sample")
+    ap.add_argument("--stat", choices=("median", "min"), default="median", help="a round's "
+                    "time from its samples: median (default), or min on a host shared with "
+                    "other work (time slices lost to other processes only add time)")
     ap.add_argument("--noise", type=float, default=0.03, help="flag threshold (default 0.03)")
     ap.add_argument("--only", action="append", default=[], help="keep cases whose name "
                     "contains this text (repeatable)")
@@ -158,6 +171,7 @@ def main(argv=None):
     wanted = [v for v in wanted if v in have]
     threads = [int(t) for t in args.threads.split(",") if t]
     cases = _case_list(new, args.only, args.cases_extra)
+    harness = os.path.join(new, "cyattn", "_bench")
     if not cases or not wanted:
         ap.error("nothing to run (no case or no variant left)")
     print(f"A/B: OLD {old}\n     NEW {new}\nvariants {', '.join(wanted)}; threads "
@@ -170,7 +184,8 @@ def main(argv=None):
                 order = [("old", old), ("new", new)]
                 if r % 2:
                     order.reverse()
-                got = {label: _run_child(site, v, cases, t, args.samples, args.min_time)
+                got = {label: _run_child(site, harness, v, cases, t, args.samples,
+                                         args.min_time, args.stat)
                        for label, site in order}
                 for name in got["new"]:
                     rounds.setdefault((v, t, name), []).append((got["old"][name],
