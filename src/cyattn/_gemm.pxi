@@ -16,9 +16,13 @@
 #   splits its output into tiles only as far as threads need (matmul_tiles): each tile packs
 #   its own B, and tiles of MC rows repacked B once per 144 rows (13 % of an n=1024 product).
 #   The micro-kernel prefetches every cache line of its C tile on entry (+4-8 % at n >= 1024),
-#   and B one panel depth (256 k steps) ahead as it goes, which is the next packed panel: a
-#   few-row product against B from memory read it at 13 GB/s without, 20 with (Zen 5; 64 and
-#   128 steps ahead gave 16 and 18; hot products unchanged). A B used for many products can be
+#   and, where the variant sets B_PREFETCH (avx512), B one panel depth (256 k steps) ahead as
+#   it goes, which is the next packed panel: a few-row product against B from memory read it
+#   at 13 GB/s without, 20 with (Zen 5; 64 and 128 steps ahead gave 16 and 18; hot products
+#   unchanged). The 4 x 24 tile (avx2, baseline) does not: its k step is 3 loads, 4
+#   broadcasts and 12 FMAs, and two more load-port operations per step cost a Zen 3 host
+#   10-11 % in matmul (issue 38, 8d80475 against 2910a57); that variant packs B per product
+#   for few rows anyway (SMALL_B_ROWS = 0). A B used for many products can be
 #   packed once, whole (pack_b_whole: the sentence encoder's weights, cyattn.matmul._PackedB),
 #   and gemm_block then reads its panels in place: 1.3-1.5x on the encoder's 24 weight
 #   products of 12-20 rows, where packing per call cost more than the product.
@@ -300,9 +304,11 @@ cdef void micro_kernel_f32(Py_ssize_t kc, const float* pa, const float* pb,
         for j in range(NR):
             acc[i][j] = a_i * pb[j] + zero
     for p in range(1, kc):
-        # B's next panel (contiguous in a packed B; a prefetch past its end is harmless)
-        cyattn_prefetch_r(pb + (p + 256) * NR)
-        cyattn_prefetch_r(pb + (p + 256) * NR + 16)
+        # B's next panel (contiguous in a packed B; a prefetch past its end is harmless);
+        # a constant of the variant (B_PREFETCH), so the branch is compiled away
+        if B_PREFETCH:
+            cyattn_prefetch_r(pb + (p + 256) * NR)
+            cyattn_prefetch_r(pb + (p + 256) * NR + 16)
         for i in range(MR):
             a_i = pa[p * MR + i]
             for j in range(NR):

@@ -14,6 +14,7 @@ cdef enum:
     NC = 4032         # columns of B packed at once (a multiple of NR and NRD)
     NR_MAX = 32        # the wider of NR and NRD: panel buffers are sized for it
     STAGE_EXPS = 1     # softmax_pair_to stages its exps in local arrays
+    B_PREFETCH = 1     # the float32 micro-kernel prefetches B's next panel (see _gemm.pxi)
 
 # The unpacked micro-kernel of small products (gemm_small): 4 rows keep its row pointers
 # in registers.

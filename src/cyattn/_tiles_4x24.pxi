@@ -10,6 +10,7 @@ cdef enum:
     NC = 4032         # columns of B packed at once (a multiple of NR and NRD)
     NR_MAX = 24        # the wider of NR and NRD: panel buffers are sized for it
     STAGE_EXPS = 0     # softmax_pair_to stores its exps straight to the output
+    B_PREFETCH = 0     # the float32 micro-kernel does not prefetch B's next panel (see _gemm.pxi)
 
 # The unpacked micro-kernel of small products (gemm_small): the same tile here.
 cdef enum:
