@@ -10,7 +10,7 @@
 # * decode loops prefetch DECODE_PF_BYTES ahead into L2 (decode was latency-bound at ~60 % of
 #   the streaming read bandwidth without it).
 # * float32 compute: the key pass (cyattn_dot_rows) and the value pass (cyattn_wsum_rows) are
-#   C helpers in _cyattn_support.h over all 1-4 query rows of the task at once: each key or
+#   C helpers in _cyattn_decode.h over all 1-4 query rows of the task at once: each key or
 #   value row is loaded once for all of them, the dots' pairwise trees are taken in vector
 #   registers, and the value accumulators stay in registers. Their arithmetic is that of the
 #   Cython loops kept below for float64, operation for operation (the bits are the same but

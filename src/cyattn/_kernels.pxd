@@ -1,6 +1,8 @@
-# Declarations shared by the kernel modules: the C support header (CPU features, OpenMP
-# wrappers, prefetch, half-precision widening) that Cython cannot express itself. Only extern declarations live here,
-# so cimporting this file needs no runtime module.
+# Declarations shared by the kernel modules: the C support headers (CPU features, OpenMP
+# wrappers, prefetch, half-precision conversion, the decode helpers and softmax rows in explicit
+# vectors) that Cython cannot express itself, through the umbrella _cyattn_support.h (its
+# opening comment maps each declaration's header). Only extern declarations live here, so
+# cimporting this file needs no runtime module.
 
 from libc.stdint cimport uint8_t, uint16_t
 

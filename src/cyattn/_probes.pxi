@@ -2,7 +2,7 @@
 # probe the bench uses as the machine's compute limit.
 
 def cpu_features():
-    """Bit set of CPU features (see _cyattn_support.h)."""
+    """Bit set of CPU features (see _cyattn_cpu.h)."""
     return cyattn_cpu_features()
 
 

@@ -8,7 +8,7 @@
 #   rows run two at a time with fused loops (softmax_pair_to), the same bits as one by one
 #   (float64, and float32 in the baseline variant).
 # * float32 softmax and log-softmax rows, unmasked or under a bool mask of unit column stride,
-#   take the explicit AVX2 vectors of cyattn_softmax_row_f32 (_cyattn_support.h) in the avx2
+#   take the explicit vectors of cyattn_softmax_row_f32 (_cyattn_softmax_rows.h) in the avx2
 #   and avx512 variants, one row at a time: the same operations per lane in the same order, so
 #   the same bits as the loops here (tests/test_kernels.py, *_match_the_general_path_bits);
 #   against the loops on a Zen 3 host, 1.1-1.4x faster unmasked (1.2-1.3x more on inputs past

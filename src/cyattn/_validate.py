@@ -63,7 +63,7 @@ def float_dtypes(*arrays):
     return compute, result
 
 
-# The kernels' codes for 16-bit storage formats (_cyattn_support.h: CYATTN_HALF_*)
+# The kernels' codes for 16-bit storage formats (_cyattn_half.h: CYATTN_HALF_*)
 HALF_F16, HALF_BF16 = 1, 2
 
 

@@ -1,0 +1,92 @@
+/*
+ * CPU feature detection: CPUID leaves 1 and 7 and XGETBV (whether the OS saves YMM / ZMM
+ * state), reported as the CYATTN_CPU_* bits of cyattn_cpu_features(); also CYATTN_X86, which
+ * the other headers test. C because Cython has no inline assembly or compiler intrinsics for
+ * CPUID/XGETBV. A pure function of the CPU: no mutable state.
+ */
+#ifndef CYATTN_CPU_H
+#define CYATTN_CPU_H
+
+#include <stdint.h>
+
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__) || defined(_M_IX86)
+#define CYATTN_X86 1
+#if defined(_MSC_VER)
+#include <intrin.h>
+#include <immintrin.h>
+#else
+#include <cpuid.h>
+#endif
+#else
+#define CYATTN_X86 0
+#endif
+
+/* Feature bits reported by cyattn_cpu_features(). */
+#define CYATTN_CPU_SSE2    1
+#define CYATTN_CPU_AVX     2
+#define CYATTN_CPU_FMA     4
+#define CYATTN_CPU_AVX2    8
+#define CYATTN_CPU_OSYMM   16   /* the OS saves YMM state (XCR0 bits 1 and 2) */
+#define CYATTN_CPU_AVX512F 32
+#define CYATTN_CPU_NEON    64
+#define CYATTN_CPU_AVX512BW 128
+#define CYATTN_CPU_AVX512DQ 256
+#define CYATTN_CPU_AVX512VL 512
+#define CYATTN_CPU_OSZMM   1024  /* the OS saves opmask and ZMM state (XCR0 bits 5, 6, 7) */
+#define CYATTN_CPU_F16C    2048
+
+#if CYATTN_X86
+static void cyattn_cpuid(unsigned int leaf, unsigned int sub, unsigned int r[4]) {
+#if defined(_MSC_VER)
+    int regs[4];
+    __cpuidex(regs, (int)leaf, (int)sub);
+    r[0] = (unsigned int)regs[0]; r[1] = (unsigned int)regs[1];
+    r[2] = (unsigned int)regs[2]; r[3] = (unsigned int)regs[3];
+#else
+    unsigned int a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(leaf, sub, &a, &b, &c, &d)) { a = b = c = d = 0; }
+    r[0] = a; r[1] = b; r[2] = c; r[3] = d;
+#endif
+}
+
+static uint64_t cyattn_xgetbv0(void) {
+#if defined(_MSC_VER)
+    return (uint64_t)_xgetbv(0);
+#else
+    unsigned int lo, hi;
+    __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+#endif
+}
+#endif
+
+static int cyattn_cpu_features(void) {
+    int f = 0;
+#if CYATTN_X86
+    unsigned int r[4];
+    unsigned int max_leaf;
+    cyattn_cpuid(0, 0, r);
+    max_leaf = r[0];
+    if (max_leaf < 1) return 0;
+    cyattn_cpuid(1, 0, r);
+    if (r[3] & (1u << 26)) f |= CYATTN_CPU_SSE2;
+    if (r[2] & (1u << 12)) f |= CYATTN_CPU_FMA;
+    if (r[2] & (1u << 28)) f |= CYATTN_CPU_AVX;
+    if (r[2] & (1u << 29)) f |= CYATTN_CPU_F16C;
+    if ((r[2] & (1u << 27)) && (cyattn_xgetbv0() & 6u) == 6u) f |= CYATTN_CPU_OSYMM;
+    if ((r[2] & (1u << 27)) && (cyattn_xgetbv0() & 0xE6u) == 0xE6u) f |= CYATTN_CPU_OSZMM;
+    if (max_leaf >= 7) {
+        cyattn_cpuid(7, 0, r);
+        if (r[1] & (1u << 5)) f |= CYATTN_CPU_AVX2;
+        if (r[1] & (1u << 16)) f |= CYATTN_CPU_AVX512F;
+        if (r[1] & (1u << 17)) f |= CYATTN_CPU_AVX512DQ;
+        if (r[1] & (1u << 30)) f |= CYATTN_CPU_AVX512BW;
+        if (r[1] & (1u << 31)) f |= CYATTN_CPU_AVX512VL;
+    }
+#elif defined(__aarch64__) || defined(_M_ARM64)
+    f |= CYATTN_CPU_NEON;
+#endif
+    return f;
+}
+
+#endif /* CYATTN_CPU_H */
