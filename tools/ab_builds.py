@@ -43,7 +43,7 @@ import importlib.util
 import numpy as np
 import cyattn
 from cyattn import _backend
-if not os.path.realpath(cyattn.__file__).startswith(os.path.realpath(site)):
+if not os.path.abspath(cyattn.__file__).startswith(os.path.abspath(site) + os.sep):
     raise SystemExit(f"cyattn came from {cyattn.__file__}, not from {site}")
 # the harness of the NEW build, whatever this build has: both builds run the same timed calls
 spec = importlib.util.spec_from_file_location(

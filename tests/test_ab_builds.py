@@ -1,0 +1,60 @@
+"""tools/ab_builds.py, the A/B of two builds per kernel variant (bench/README.md): it runs, prints
+a ratio per case and variant, and refuses what it cannot compare. The installed build is
+compared with itself through a second directory (a link to the package), so no second build is
+needed; the timing itself is not asserted (no timed tests)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import child_env
+
+import cyattn
+from cyattn import _backend
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "ab_builds.py"
+pytestmark = pytest.mark.skipif(not TOOL.is_file(), reason="tools/ab_builds.py not in this tree")
+
+
+def _run(*args, cwd):
+    return subprocess.run([sys.executable, str(TOOL), *map(str, args)], cwd=cwd,
+                          env=child_env(None, clear_backend=True), capture_output=True,
+                          text=True, timeout=300)
+
+
+def _sites(tmp_path):
+    site = Path(cyattn.__file__).resolve().parent.parent
+    other = tmp_path / "other"
+    other.mkdir()
+    try:
+        os.symlink(site / "cyattn", other / "cyattn", target_is_directory=True)
+    except OSError as exc:                  # e.g. Windows without the symlink privilege
+        pytest.skip(f"cannot link the package: {exc}")
+    return site, other
+
+
+def test_ab_builds_prints_a_ratio_per_case_and_variant(tmp_path):
+    site, other = _sites(tmp_path)
+    variant = _backend.variant
+    res = _run(site, other, "--variants", f"{variant},no-such-variant", "--only", "tiny",
+               "--only", "matmul n=64", "--rounds", 1, "--samples", 1, "--min-time", 0,
+               "--noise", 10, "--json", tmp_path / "ab.json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    rows = [line for line in res.stdout.splitlines() if line.startswith(f"| {variant} | 1 |")]
+    assert len(rows) == 2, res.stdout
+    assert any("tiny (1,1,8,8)" in r for r in rows) and any("matmul n=64" in r for r in rows)
+    for r in rows:
+        ratio = float(r.split("|")[6])
+        assert ratio > 0
+    assert "variant no-such-variant skipped" in res.stdout
+    assert "no case slower beyond noise" in res.stdout
+    assert (tmp_path / "ab.json").stat().st_size > 0
+
+
+def test_ab_builds_refuses_the_same_build_twice_and_a_missing_one(tmp_path):
+    site, _ = _sites(tmp_path)
+    res = _run(site, site, cwd=tmp_path)
+    assert res.returncode == 2 and "same directory" in res.stderr
+    res = _run(site, tmp_path / "nowhere", cwd=tmp_path)
+    assert res.returncode != 0 and "no cyattn package" in res.stderr
