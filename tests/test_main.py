@@ -3,6 +3,7 @@
 The command line runs in a subprocess (``sys.executable``) from a temporary working directory,
 so it uses the same cyattn this test session imported. No timing assertions.
 """
+import io
 import os
 import re
 import subprocess
@@ -176,6 +177,27 @@ def test_bench_helpers():
         "OPENBLAS_L2_SIZE": "1"}
     env = _bench.child_env(remove=("OPENBLAS_CORETYPE",), extra={"X_TEST": "1"})
     assert "OPENBLAS_CORETYPE" not in env and env["X_TEST"] == "1"
+
+
+def test_bench_rerun_with_a_forced_blas_coretype(monkeypatch):
+    """--blas-coretype NAME (the AVX2 proxy on an AVX-512 host): the child gets
+    OPENBLAS_CORETYPE=NAME and nothing else of the overrides; no re-run when the environment
+    already is exactly that, or without overrides and without NAME."""
+    from cyattn._bench import timing
+    seen = []
+    monkeypatch.setattr(timing.subprocess, "call", lambda cmd, env: seen.append(env) or 7)
+    monkeypatch.delenv(timing._CHILD_MARK, raising=False)
+    monkeypatch.setenv("OPENBLAS_L2_SIZE", "512")
+    monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
+    assert timing.rerun_without_blas_overrides(["x"], out=io.StringIO(), coretype="Haswell") == 7
+    assert seen[-1]["OPENBLAS_CORETYPE"] == "Haswell" and "OPENBLAS_L2_SIZE" not in seen[-1]
+    monkeypatch.delenv("OPENBLAS_L2_SIZE")
+    assert timing.rerun_without_blas_overrides(["x"], out=io.StringIO(), coretype="Zen") == 7
+    assert seen[-1]["OPENBLAS_CORETYPE"] == "Zen"
+    assert timing.rerun_without_blas_overrides(["x"], out=io.StringIO()) is None
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    assert timing.rerun_without_blas_overrides(["x"], out=io.StringIO(), coretype="Haswell") is None
+    assert len(seen) == 2
 
 
 # ------------------------------------------------------------------------------------------

@@ -67,6 +67,10 @@ def add_full_arguments(parser, common=True):
     parser.add_argument("--no-jax", action="store_true",
                         help="leave JAX out even if it is installed")
     parser.add_argument("--no-plot", action="store_true", help="do not write the PNG plot")
+    parser.add_argument("--blas-coretype", default=None, metavar="NAME",
+                        help="run NumPy's OpenBLAS with OPENBLAS_CORETYPE=NAME (e.g. Haswell: "
+                             "its AVX2 kernels, beside CYATTN_BACKEND=avx2 on an AVX-512 host "
+                             "as the proxy for an AVX2 host); default: no override")
     parser.add_argument("--outdir", default=None,
                         help="directory for latest.md, latest.json and the PNG (default: "
                              "bench/results of a checkout, else the current directory)")
@@ -112,11 +116,15 @@ def full_main(args, rerun_args, outdir=None, out=None):
     :func:`default_outdir`). ``rerun_args``: this command's arguments after the interpreter,
     for the re-run without OpenBLAS overrides. Returns the exit code."""
     out = out or sys.stdout
-    rc = rerun_without_blas_overrides(rerun_args, out=out)
+    coretype = getattr(args, "blas_coretype", None)
+    rc = rerun_without_blas_overrides(rerun_args, out=out, coretype=coretype)
     if rc is not None:
         return rc
     notes = []
-    if os.environ.get(_CHILD_MARK):
+    if coretype:
+        notes.append(f"NumPy's OpenBLAS forced to its {coretype} kernels "
+                     f"(OPENBLAS_CORETYPE={coretype}, --blas-coretype).")
+    elif os.environ.get(_CHILD_MARK):
         notes.append("Re-run in a child process without OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE "
                      "(they were set in the parent's environment and slow numpy's OpenBLAS).")
     specs = select_specs(build_specs(args.cases, args.quick), args.only)

@@ -53,22 +53,29 @@ def child_env(remove=(), extra=None):
     return env
 
 
-def rerun_without_blas_overrides(args, out=None):
+def rerun_without_blas_overrides(args, out=None, coretype=None):
     """If OpenBLAS overrides are set (and this is not already the clean child), run
     ``python <args>`` without them and return its exit code; else return None.
 
     ``args`` is the argument list after the interpreter, e.g. ``["-m", "cyattn", "bench"]``.
+    ``coretype``: the child runs with ``OPENBLAS_CORETYPE=coretype`` alone instead (re-run
+    unless the environment is already exactly that), e.g. ``"Haswell"`` so that NumPy's
+    OpenBLAS runs its AVX2 kernels beside cyattn's forced avx2 variant on an AVX-512 host.
     """
     found = blas_env_overrides()
-    if not found or os.environ.get(_CHILD_MARK):
+    want = {"OPENBLAS_CORETYPE": coretype} if coretype else {}
+    if found == want or os.environ.get(_CHILD_MARK):
         return None
     out = out or sys.stdout
-    names = ", ".join(f"{k}={v}" for k, v in found.items())
-    verb, it = ("are", "them") if len(found) > 1 else ("is", "it")
-    print(f"bench: {names} {verb} set in the environment and slow{'' if len(found) > 1 else 's'} "
-          f"numpy's OpenBLAS; re-running the benchmark in a child process without {it} "
-          f"(this process's environment is left as it is)", file=out, flush=True)
-    env = child_env(remove=BLAS_ENV_VARS, extra={_CHILD_MARK: "1"})
+    if found:
+        names = ", ".join(f"{k}={v}" for k, v in found.items())
+        verb, it = ("are", "them") if len(found) > 1 else ("is", "it")
+        print(f"bench: {names} {verb} set in the environment and "
+              f"slow{'' if len(found) > 1 else 's'} numpy's OpenBLAS; re-running the benchmark "
+              f"in a child process without {it}"
+              + (f", with OPENBLAS_CORETYPE={coretype} (--blas-coretype)" if coretype else "")
+              + " (this process's environment is left as it is)", file=out, flush=True)
+    env = child_env(remove=BLAS_ENV_VARS, extra={_CHILD_MARK: "1", **want})
     return subprocess.call([sys.executable] + list(args), env=env)
 
 
