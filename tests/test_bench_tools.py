@@ -1,8 +1,14 @@
-"""tools/ab_builds.py, the A/B of two builds per kernel variant (bench/README.md): it runs, prints
-a ratio per case and variant, and refuses what it cannot compare. The installed build is
-compared with itself through a second directory (a link to the package), so no second build is
-needed; the timing itself is not asserted (no timed tests)."""
+"""The bench tools of issue 38 (bench/README.md).
+
+* tools/ab_builds.py, the A/B of two builds per kernel variant: it runs, prints a ratio per
+  case and variant, and refuses what it cannot compare. The installed build is compared with
+  itself through a second directory (a link to the package), so no second build is needed; the
+  timing itself is not asserted (no timed tests).
+* tools/avx2_host.sh: a command run through it sees a CPU without AVX-512, so cyattn (like the
+  peers) picks its AVX2 kernels; where the host has AVX-512 and CPUID faulting.
+"""
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -58,3 +64,27 @@ def test_ab_builds_refuses_the_same_build_twice_and_a_missing_one(tmp_path):
     assert res.returncode == 2 and "same directory" in res.stderr
     res = _run(site, tmp_path / "nowhere", cwd=tmp_path)
     assert res.returncode != 0 and "no cyattn package" in res.stderr
+
+
+def _cpuid_faulting():
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return " cpuid_fault" in fh.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and "avx512f" in _backend.cpu_features()
+                         and _cpuid_faulting() and shutil.which(os.environ.get("CC", "cc"))),
+                    reason="needs Linux on an AVX-512 CPU with CPUID faulting, and a C compiler")
+def test_avx2_host_hides_avx512_from_the_process(tmp_path):
+    code = ("import cyattn; from cyattn import _backend; "
+            "print(cyattn.config()['variant'], 'avx512f' in _backend.cpu_features())")
+    res = subprocess.run(["bash", str(TOOL.parent / "avx2_host.sh"), sys.executable, "-c", code],
+                         cwd=tmp_path, env=child_env(None, clear_backend=True),
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["avx2", "False"]
+    res = subprocess.run(["bash", str(TOOL.parent / "avx2_host.sh")], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 2 and "usage" in res.stderr
