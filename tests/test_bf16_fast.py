@@ -18,7 +18,6 @@ from cyattn import matmul as M
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
-HALF_BF16 = 2          # CYATTN_HALF_BF16
 U = 2.0 ** -24         # float32 unit roundoff
 TINY = 2.0 ** -126     # smallest normal float32
 HW = getattr(_backend.kernels, "BF16_DOT", False)
@@ -194,12 +193,16 @@ def _layouts(x):
     big = np.zeros((x.shape[0] * 2, x.shape[1] * 3), x.dtype)
     big[::2, ::3] = x
     yield big[::2, ::3]                                     # strided
+    r, c = x.shape
+    wide = np.zeros((r, c + 1 + (c + 1) % 2), x.dtype)     # an even row stride, and rows
+    wide[:, 1:c + 1] = x                                    # starting 2 bytes off a 4-byte
+    yield wide[:, 1:c + 1]                                  # boundary (pairs unaligned)
 
 
 @needs_hw
 def test_hardware_matches_emulation_any_layout_and_batch():
     rng = np.random.default_rng(7)
-    a = rng.standard_normal((3, 37, 70)).astype(BF16)
+    a = rng.standard_normal((3, 37, 70)).astype(BF16)    # 37 rows: 4 full 8-row panels
     b = rng.standard_normal((3, 70, 45)).astype(BF16)
     for aa in _layouts(a[1]):
         for bb in _layouts(b[1]):
@@ -335,3 +338,36 @@ def test_bad_precision_raises(bad):
 def test_info_names_the_bf16_path():
     line = M.default_bf16_path()
     assert ("vdpbf16ps" in line) == HW
+
+
+def test_fast_equals_exact_on_fma_variants_without_subnormals(variant):
+    """Away from subnormals each fast step is one rounding of sum + a_k b_k, k in order, in
+    blocks of KC = 256, as the float32 path's FMAs: the same bits where the variant has FMA
+    (the docstring's reason for the default). The baseline variant has no FMA."""
+    if variant == "baseline":
+        pytest.skip("no FMA in the baseline variant: its exact path rounds each product")
+    rng = np.random.default_rng(23)
+    for m, n, k in ((1, 1, 1), (5, 7, 3), (33, 65, 257), (100, 130, 1000), (300, 40, 64)):
+        a = rng.standard_normal((m, k)).astype(BF16)
+        b = rng.standard_normal((k, n)).astype(BF16)
+        out0 = rng.standard_normal((m, n)).astype(BF16)
+        fast, exact = out0.copy(), out0.copy()
+        M._matmul(a, b, fast, 0.7, "fast", 2)
+        M._matmul(a, b, exact, 0.7, "exact", 2)
+        np.testing.assert_array_equal(_bits(fast), _bits(exact))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_b_packed_once_per_worker_same_bits(threads):
+    """Tiles of one column range reuse B packed whole (a bf16 out: 144-row tiles); several
+    column ranges and batches repack it; the bits are the one-thread emulation's either
+    way."""
+    rng = np.random.default_rng(29)
+    for shape_a, shape_b in (((600, 300), (300, 70)), ((2, 160, 300), (2, 300, 1100))):
+        a = rng.standard_normal(shape_a).astype(BF16)
+        b = rng.standard_normal(shape_b).astype(BF16)
+        out0 = rng.standard_normal(shape_a[:-1] + shape_b[-1:]).astype(BF16)
+        o1, o2 = out0.copy(), out0.copy()
+        M._matmul(a, b, o1, 1.0, "fast", threads)
+        M._matmul(a, b, o2, 1.0, "fast", 1, emulate=True)
+        np.testing.assert_array_equal(_bits(o1), _bits(o2))
