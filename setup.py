@@ -4,7 +4,12 @@ The same Cython sources (src/cyattn/_kernel_sources.pxi lists them) are compiled
   * cyattn._kernels_baseline: no -march (x86-64 SSE2, armv8-a NEON), runs on every CPU;
   * cyattn._kernels_avx2 (x86-64 only): -mavx2 -mfma -mf16c (x86-64-v3; MSVC: /arch:AVX2);
   * cyattn._kernels_avx512 (x86-64 only): AVX-512 F/VL/BW/DQ + FMA (MSVC: /arch:AVX512),
-    the x86-64-v4 feature set, with its own micro-kernel tile sizes (512-bit registers).
+    the x86-64-v4 feature set, with its own micro-kernel tile sizes (512-bit registers);
+  * cyattn._kernels_avx512bf16 (x86-64 only): the avx512 flags + -mavx512bf16 (vdpbf16ps:
+    Cooper Lake, Sapphire Rapids and later, Zen 4 and later), for the bf16 fast path of
+    matmul_accumulate; gcc/clang only (MSVC has no flag that enables only AVX512-BF16
+    intrinsics' code generation: there the variant compiles without them, its bf16 fast path
+    then runs the emulation).
 cyattn._backend picks one at import time. No host-specific ISA flag (march=native) and no
 fast-math or Ofast: wheels must run on any CPU of their architecture and keep IEEE semantics.
 
@@ -57,7 +62,8 @@ class BuildExt(build_ext):
         if ctype == "msvc":
             base = ["/O2"]
             omp_c, omp_l = ["/openmp"], []
-            isa = {"avx2": ["/arch:AVX2"], "avx512": ["/arch:AVX512"]}
+            isa = {"avx2": ["/arch:AVX2"], "avx512": ["/arch:AVX512"],
+                   "avx512bf16": ["/arch:AVX512"]}
         else:
             base = ["-O3", "-fno-strict-aliasing"]
             if sys.platform == "darwin":
@@ -67,6 +73,7 @@ class BuildExt(build_ext):
             isa = {"avx2": ["-mavx2", "-mfma", "-mf16c"],
                    "avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512vl", "-mavx512bw",
                               "-mavx512dq"]}
+            isa["avx512bf16"] = isa["avx512"] + ["-mavx512bf16"]
         use_omp = not _env_flag("CYATTN_NO_OPENMP") and self._compiles_and_links(omp_c, omp_l)
         self.cyattn_openmp = use_omp
         for ext in self.extensions:
@@ -105,7 +112,7 @@ class BuildExt(build_ext):
 def _extensions():
     from Cython.Build import cythonize
 
-    variants = ["baseline"] + (["avx2", "avx512"] if _target_is_x86_64() else [])
+    variants = ["baseline"] + (["avx2", "avx512", "avx512bf16"] if _target_is_x86_64() else [])
     exts = [
         Extension(
             f"cyattn._kernels_{v}",

@@ -29,7 +29,7 @@ from conftest import child_env
 import cyattn
 from cyattn import _backend
 
-KNOWN = ("baseline", "avx2", "avx512")
+KNOWN = ("baseline", "avx2", "avx512", "avx512bf16")
 IS_X86_64 = (platform.machine().lower() in ("x86_64", "amd64", "x64")
              and sys.maxsize > 2 ** 32)
 
@@ -62,7 +62,7 @@ def _run(code, tmp_path, backend=None, extra_args=()):
 # ------------------------------------------------------------------------------------------
 
 @pytest.mark.skipif(not IS_X86_64, reason="x86-64 only")
-@pytest.mark.parametrize("name", ["avx2", "avx512"])
+@pytest.mark.parametrize("name", ["avx2", "avx512", "avx512bf16"])
 def test_x86_64_build_has_simd_variants(name):
     assert _built("baseline")
     assert _built(name), (
@@ -76,7 +76,7 @@ def test_x86_64_build_has_simd_variants(name):
 @pytest.mark.skipif(IS_X86_64, reason="non-x86-64 only")
 def test_other_builds_hold_only_the_baseline():
     assert _built("baseline")
-    assert not _built("avx2") and not _built("avx512")
+    assert not _built("avx2") and not _built("avx512") and not _built("avx512bf16")
 
 
 def test_variant_modules_are_what_they_say():
@@ -84,6 +84,11 @@ def test_variant_modules_are_what_they_say():
         module = _backend.load_variant(name)
         assert module.__name__ == f"cyattn._kernels_{name}"
         assert module.VARIANT == name
+        # only the avx512bf16 variant multiplies bf16 on vdpbf16ps (gcc/clang: always)
+        if name != "avx512bf16":
+            assert not module.BF16_DOT
+        elif sys.platform != "win32":
+            assert module.BF16_DOT
     # Every variant is compiled with the same OpenMP setting.
     assert len({_backend.load_variant(n).openmp_enabled()
                 for n in _backend.available_variants()}) == 1
@@ -101,6 +106,8 @@ def test_available_variants_match_cpu_features():
     assert ("avx2" in avail) == (_built("avx2") and can_avx2)
     can_avx512 = can_avx2 and {"avx512f", "avx512vl", "avx512bw", "avx512dq", "os_zmm"} <= feats
     assert ("avx512" in avail) == (_built("avx512") and can_avx512)
+    can_bf16 = can_avx512 and "avx512bf16" in feats
+    assert ("avx512bf16" in avail) == (_built("avx512bf16") and can_bf16)
     assert avail == [n for n in KNOWN if n in avail]          # best last
     if IS_X86_64:
         assert "sse2" in feats
@@ -155,17 +162,17 @@ def test_forcing_an_unknown_variant_is_an_import_error(tmp_path, name):
     proc = _run("import cyattn", tmp_path, backend=name)
     assert proc.returncode != 0
     message = (f"ImportError: cyattn: unknown kernel variant {name.lower()!r}; "
-               "expected one of 'baseline', 'avx2', 'avx512'")
+               "expected one of 'baseline', 'avx2', 'avx512', 'avx512bf16'")
     assert message in proc.stderr, proc.stderr
 
 
 def test_load_variant_unknown_name():
     with pytest.raises(ImportError, match=r"unknown kernel variant 'sse9'; expected one of "
-                                          r"'baseline', 'avx2', 'avx512'"):
+                                          r"'baseline', 'avx2', 'avx512', 'avx512bf16'"):
         _backend.load_variant("sse9")
 
 
-@pytest.mark.parametrize("name", ["avx2", "avx512"])
+@pytest.mark.parametrize("name", ["avx2", "avx512", "avx512bf16"])
 def test_forcing_an_unrunnable_variant_is_an_import_error(tmp_path, name):
     if name in _backend.available_variants():
         pytest.skip(f"this build and CPU run the {name} variant")

@@ -134,7 +134,8 @@ class _RefuseAVX2:
     """Finding the module (cyattn._backend asks whether it is built) is allowed; loading is not."""
 
     def find_spec(self, name, path=None, target=None):
-        if name not in ("cyattn._kernels_avx2", "cyattn._kernels_avx512"):
+        if name not in ("cyattn._kernels_avx2", "cyattn._kernels_avx512",
+                        "cyattn._kernels_avx512bf16"):
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None:
@@ -189,7 +190,7 @@ grep -q "cyattn._kernels_baseline" "$work/check.err" || fail "the baseline modul
 if grep -qE "cyattn._kernels_avx(2|512)" "$work/check.err"; then fail "an AVX module was imported"; fi
 echo "check: $((SECONDS - t0))s"
 
-for forced in avx2 avx512; do
+for forced in avx2 avx512 avx512bf16; do
     step "CYATTN_BACKEND=$forced under -cpu $cpu is an ImportError that says why"
     set +e
     "${emu_env[@]}" CYATTN_BACKEND=$forced "${qemu[@]}" "$vpy" -c "import cyattn" \

@@ -126,7 +126,8 @@ rm -rf "$out/unpacked" && mkdir -p "$out/unpacked"
 "$tools/python" -m zipfile -e "$wheel" "$out/unpacked"
 base_so=$(ls "$out"/unpacked/cyattn/_kernels_baseline*.so)
 avx2_so=$(ls "$out"/unpacked/cyattn/_kernels_avx2*.so 2>/dev/null || true)
-avx512_so=$(ls "$out"/unpacked/cyattn/_kernels_avx512*.so 2>/dev/null || true)
+avx512_so=$(ls "$out"/unpacked/cyattn/_kernels_avx512.*so 2>/dev/null || true)
+bf16_so=$(ls "$out"/unpacked/cyattn/_kernels_avx512bf16.*so 2>/dev/null || true)
 disasm() { objdump -d --no-show-raw-insn "$1" > "$out/disasm.txt" || fail "objdump $1"; }
 count() { grep -c -E "$1" "$out/disasm.txt" || true; }
 # has_code VARIANT SO CODE WHAT1 RE1 WHAT2 RE2: SO's disassembly has instructions matching RE1
@@ -157,6 +158,9 @@ if command -v objdump >/dev/null; then
         [ -n "$avx512_so" ] || fail "x86-64 wheel without the AVX-512 kernel variant"
         has_code avx512 "$avx512_so" "512-bit FMA code" "instructions using zmm registers" '%zmm[0-9]' \
             "FMA instructions on zmm" '\bvfn?m(add|sub)[0-9]{3}[a-z]* .*%zmm'
+        [ -n "$bf16_so" ] || fail "x86-64 wheel without the AVX512-BF16 kernel variant"
+        has_code avx512bf16 "$bf16_so" "bf16 dot products" "instructions using zmm registers" \
+            '%zmm[0-9]' "vdpbf16ps instructions" '\bvdpbf16ps\b'
     fi
 else
     echo "objdump not found: skipped (install binutils)"

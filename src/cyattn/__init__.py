@@ -31,10 +31,13 @@ def config():
 
     Keys: ``version``, ``variant`` (the loaded kernel variant), ``available_variants``,
     ``cpu_features``, ``openmp`` (whether the kernels were built with OpenMP),
-    ``default_threads`` (what ``n_threads=None`` uses now) and ``cpu_count``.
+    ``default_threads`` (what ``n_threads=None`` uses now), ``cpu_count`` and ``bf16_matmul``
+    (which path a bfloat16 :func:`matmul_accumulate` takes by default, and what
+    ``precision="fast"`` runs).
     """
     import os
     from ._backend import available_variants
+    from .matmul import default_bf16_path
     return {
         "version": __version__,
         "variant": _variant,
@@ -43,6 +46,7 @@ def config():
         "openmp": _kernels.openmp_enabled(),
         "default_threads": _max_threads(),
         "cpu_count": os.cpu_count(),
+        "bf16_matmul": default_bf16_path(),
     }
 
 

@@ -102,6 +102,7 @@ def cmd_info():
         ("openmp", "on" if cfg["openmp"] else "off (kernels run single-threaded)"),
         ("default_threads", cfg["default_threads"]),
         ("cpu_count", cfg["cpu_count"]),
+        ("bf16_matmul", cfg["bf16_matmul"]),
         ("python", sys.version.split()[0]),
         ("numpy", np.__version__),
     ]

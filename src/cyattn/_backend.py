@@ -2,9 +2,9 @@
 
 The baseline module (no -march) always loads and reports the CPU's features (CPUID leaves 1 and
 7, and XGETBV for the OS's support of YMM and ZMM state). On x86-64 the best of the
-AVX2+FMA+F16C (x86-64-v3) and AVX-512 (F, VL, BW, DQ: x86-64-v4) modules that the CPU and OS
-support is loaded.
-``CYATTN_BACKEND=baseline|avx2|avx512`` forces one; forcing a variant this
+AVX2+FMA+F16C (x86-64-v3), AVX-512 (F, VL, BW, DQ: x86-64-v4) and AVX-512 + AVX512-BF16
+(vdpbf16ps, for bfloat16 matmul_accumulate) modules that the CPU and OS support is loaded.
+``CYATTN_BACKEND=baseline|avx2|avx512|avx512bf16`` forces one; forcing a variant this
 build lacks or this CPU cannot run raises ImportError with the reason. Nothing else imports a
 variant module directly: use ``kernels`` from here.
 """
@@ -18,12 +18,14 @@ __all__ = ["kernels", "variant", "available_variants", "cpu_features", "load_var
            "max_threads", "in_forked_child"]
 
 _FEATURE_BITS = {"sse2": 1, "avx": 2, "fma": 4, "avx2": 8, "os_ymm": 16, "avx512f": 32, "neon": 64,
-                 "avx512bw": 128, "avx512dq": 256, "avx512vl": 512, "os_zmm": 1024, "f16c": 2048}
-VARIANTS = ("baseline", "avx2", "avx512")     # best last
+                 "avx512bw": 128, "avx512dq": 256, "avx512vl": 512, "os_zmm": 1024, "f16c": 2048,
+                 "avx512bf16": 4096}
+VARIANTS = ("baseline", "avx2", "avx512", "avx512bf16")     # best last
 _NEEDS = {"baseline": set(),
           "avx2": {"avx", "avx2", "fma", "f16c", "os_ymm"},
           "avx512": {"avx", "avx2", "fma", "f16c", "os_ymm", "avx512f", "avx512vl", "avx512bw",
                      "avx512dq", "os_zmm"}}
+_NEEDS["avx512bf16"] = _NEEDS["avx512"] | {"avx512bf16"}
 
 
 def cpu_features():
@@ -46,7 +48,7 @@ def available_variants():
 
 
 def load_variant(name):
-    """Import and return the kernel module of variant ``name`` ('baseline', 'avx2', 'avx512').
+    """Import and return the kernel module of variant ``name`` (one of ``VARIANTS``).
 
     Raises
     ------

@@ -1,8 +1,8 @@
 /*
- * CPU feature detection: CPUID leaves 1 and 7 and XGETBV (whether the OS saves YMM / ZMM
- * state), reported as the CYATTN_CPU_* bits of cyattn_cpu_features(); also CYATTN_X86, which
- * the other headers test. C because Cython has no inline assembly or compiler intrinsics for
- * CPUID/XGETBV. A pure function of the CPU: no mutable state.
+ * CPU feature detection: CPUID leaves 1 and 7 (subleaves 0 and 1) and XGETBV (whether the
+ * OS saves YMM / ZMM state), reported as the CYATTN_CPU_* bits of cyattn_cpu_features();
+ * also CYATTN_X86, which the other headers test. C because Cython has no inline assembly
+ * or compiler intrinsics for CPUID/XGETBV. A pure function of the CPU: no mutable state.
  */
 #ifndef CYATTN_CPU_H
 #define CYATTN_CPU_H
@@ -34,6 +34,7 @@
 #define CYATTN_CPU_AVX512VL 512
 #define CYATTN_CPU_OSZMM   1024  /* the OS saves opmask and ZMM state (XCR0 bits 5, 6, 7) */
 #define CYATTN_CPU_F16C    2048
+#define CYATTN_CPU_AVX512BF16 4096  /* vdpbf16ps (CPUID leaf 7 subleaf 1, EAX bit 5) */
 
 #if CYATTN_X86
 static void cyattn_cpuid(unsigned int leaf, unsigned int sub, unsigned int r[4]) {
@@ -82,6 +83,10 @@ static int cyattn_cpu_features(void) {
         if (r[1] & (1u << 17)) f |= CYATTN_CPU_AVX512DQ;
         if (r[1] & (1u << 30)) f |= CYATTN_CPU_AVX512BW;
         if (r[1] & (1u << 31)) f |= CYATTN_CPU_AVX512VL;
+        if (r[0] >= 1) {                     /* EAX of subleaf 0: the highest subleaf */
+            cyattn_cpuid(7, 1, r);
+            if (r[0] & (1u << 5)) f |= CYATTN_CPU_AVX512BF16;
+        }
     }
 #elif defined(__aarch64__) || defined(_M_ARM64)
     f |= CYATTN_CPU_NEON;

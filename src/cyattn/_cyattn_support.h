@@ -9,6 +9,8 @@
  *   _cyattn_vec_avx2.h       AVX2 vectors of the same, where AVX-512's are not defined
  *   _cyattn_decode.h         decode: dot products of query and key rows, weighted value sums
  *   _cyattn_softmax_rows.h   float32 softmax rows (single and pipelined), stubs without vectors
+ *   _cyattn_bf16_emul.h      bf16 dot products as vdpbf16ps computes them, portable (emulation)
+ *   _cyattn_bf16_avx512.h    the bf16 GEMM micro-kernel on AVX512-BF16 (a stub without it)
  * Code for a new ISA goes into a _cyattn_vec_<isa>.h of its own (included before the ones it
  * overrides), new kernels using those vectors into a header of the kernel's concern.
  * Everything here is a pure function of its arguments or of the CPU: no mutable state.
@@ -24,5 +26,7 @@
 #include "_cyattn_vec_avx2.h"
 #include "_cyattn_decode.h"
 #include "_cyattn_softmax_rows.h"
+#include "_cyattn_bf16_emul.h"
+#include "_cyattn_bf16_avx512.h"
 
 #endif /* CYATTN_SUPPORT_H */

@@ -30,7 +30,9 @@ from ._kernels cimport (cyattn_cpu_features, cyattn_openmp_enabled, cyattn_omp_m
                         cyattn_rows_exp_sum_f32, cyattn_rows_scale_f32, cyattn_softmax_row_f32,
                         cyattn_softmax_rows_f32,
                         CYATTN_HALF_F16,
-                        CYATTN_HALF_BF16)
+                        CYATTN_HALF_BF16, CYATTN_HAVE_BF16_DOT, cyattn_bf16_dot_step, cyattn_bf16_dot_lane_hw,
+                        CYATTN_BF16_MR as BF16_MR, CYATTN_BF16_NR as BF16_NR,
+                        cyattn_bf16_tile_emul, cyattn_bf16_tile_avx512)
 
 cdef extern from *:
     """

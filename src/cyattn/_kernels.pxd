@@ -4,7 +4,7 @@
 # opening comment maps each declaration's header). Only extern declarations live here, so
 # cimporting this file needs no runtime module.
 
-from libc.stdint cimport uint8_t, uint16_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t
 
 cdef extern from "_cyattn_support.h" nogil:
     int CYATTN_CPU_SSE2
@@ -19,6 +19,7 @@ cdef extern from "_cyattn_support.h" nogil:
     int CYATTN_CPU_AVX512VL
     int CYATTN_CPU_OSZMM
     int CYATTN_CPU_F16C
+    int CYATTN_CPU_AVX512BF16
     int CYATTN_HALF_F16
     int CYATTN_HALF_BF16
     void cyattn_half_to_float(const uint16_t* src, float* dst, Py_ssize_t n, int fmt)
@@ -46,3 +47,15 @@ cdef extern from "_cyattn_support.h" nogil:
     int cyattn_omp_pause()
     void cyattn_prefetch_w(const void* p)
     void cyattn_prefetch_r(const void* p)
+    enum:
+        CYATTN_BF16_MR
+        CYATTN_BF16_NR
+        CYATTN_HAVE_BF16_DOT
+    float cyattn_bf16_dot_step(float acc, uint32_t a, uint32_t b)
+    float cyattn_bf16_dot_lane_hw(float acc, uint32_t a, uint32_t b)
+    void cyattn_bf16_tile_emul(Py_ssize_t kp, const uint32_t* pa, const uint32_t* pb, float* c,
+                               Py_ssize_t rsc, Py_ssize_t csc, Py_ssize_t m_here,
+                               Py_ssize_t n_here, float alpha, int overwrite)
+    void cyattn_bf16_tile_avx512(Py_ssize_t kp, const uint32_t* pa, const uint32_t* pb,
+                                 float* c, Py_ssize_t rsc, Py_ssize_t csc, Py_ssize_t m_here,
+                                 Py_ssize_t n_here, float alpha, int overwrite)

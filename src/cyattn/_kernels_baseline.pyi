@@ -39,6 +39,18 @@ def matmul_accumulate(
     M: int, N: int, K: int, alpha: float, n_threads: int,
     a_fmt: int = 0, b_fmt: int = 0, c_fmt: int = 0,
 ) -> None: ...
+BF16_DOT: bool
+def matmul_accumulate_bf16(
+    a: npt.NDArray[np.uint16], a_off: npt.NDArray[np.int64], rsa: int, csa: int,
+    b: npt.NDArray[np.uint16], b_off: npt.NDArray[np.int64], rsb: int, csb: int,
+    out: np.ndarray, c_off: npt.NDArray[np.int64], rsc: int, csc: int,
+    M: int, N: int, K: int, alpha: float, n_threads: int,
+    c_fmt: int = 0, emulate: bool = False,
+) -> None: ...
+def bf16_dot_lanes(
+    acc: npt.NDArray[np.float32], a: npt.NDArray[np.uint32], b: npt.NDArray[np.uint32],
+    out: npt.NDArray[np.float32], emulate: bool = False,
+) -> None: ...
 def packed_b_size(K: int, N: int) -> int: ...
 def packed_b_layout() -> tuple[int, int]: ...
 def pack_b_whole_into(

@@ -13,6 +13,29 @@ _FNAME = "cyattn.matmul_accumulate"
 
 _ndarray = np.ndarray
 
+PRECISIONS = ("exact", "fast")
+
+
+def _resolve_precision(precision):
+    """``precision`` checked: "exact" or "fast"; None picks "fast" where the loaded kernels
+    multiply bfloat16 on the CPU's bf16 dot products (the avx512bf16 variant), else "exact"
+    (the emulation of the fast path is slower than the exact path)."""
+    if precision is None:
+        return "fast" if getattr(_backend.kernels, "BF16_DOT", False) else "exact"
+    if not (isinstance(precision, str) and precision in PRECISIONS):
+        raise ValueError(f"{_FNAME}: precision must be None, 'exact' or 'fast', got "
+                         f"{precision!r}")
+    return precision
+
+
+def default_bf16_path():
+    """One line for ``python -m cyattn info``: which path a bfloat16 ``matmul_accumulate``
+    takes by default with the loaded kernels, and what ``precision="fast"`` runs."""
+    if getattr(_backend.kernels, "BF16_DOT", False):
+        return "fast (vdpbf16ps, AVX512-BF16) by default; precision='exact': float32 FMAs"
+    return ("exact (float32 FMAs) by default; precision='fast': portable emulation of "
+            "vdpbf16ps (no AVX512-BF16 in this CPU or kernel variant)")
+
 
 def _fast_call(a, b, out, alpha, n_threads):
     """The common call: C-contiguous, aligned, non-empty 2-D float32/float64 arrays of one
@@ -28,7 +51,7 @@ def _fast_call(a, b, out, alpha, n_threads):
     return n_threads > 0 and _backend.kernels.matmul_fast(a, b, out, alpha, n_threads)
 
 
-def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
+def matmul_accumulate(a, b, out, *, alpha=1.0, precision=None, n_threads=None):
     r"""Accumulate a matrix product in place: ``out += alpha * (a @ b)``.
 
     Parameters
@@ -42,6 +65,18 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
         ``a`` or ``b``: the product is then formed from the old values (copied first).
     alpha : float, optional
         Scale of the product (default 1.0).
+    precision : {None, "exact", "fast"}, optional
+        How bfloat16 ``a`` and ``b`` (both bfloat16) are multiplied; other dtypes ignore it.
+        ``"exact"``: as the float32 call on the same values, rounded once into ``out``.
+        ``"fast"``: on the CPU's bf16 dot products (AVX512-BF16 ``vdpbf16ps``; on a CPU or
+        build without them, a portable emulation with the same bits, slower than
+        ``"exact"``): products exact, float32 sums, subnormals flushed (see Notes). None
+        (default): ``"fast"`` where the loaded kernels have the instruction
+        (``python -m cyattn info`` says which), else ``"exact"``. Why: away from subnormals
+        both give the same float32 sums on a CPU with FMA (each step is one rounding of
+        ``sum + a_k b_k``, k in order), so the default costs no accuracy, and ``"fast"``
+        runs at the instruction's rate (about 2x the float32 rate) where it exists and
+        would only be slower where it does not.
     n_threads : int, optional
         OpenMP threads: None for the default (see :func:`cyattn.show_config`), a positive
         count, or a negative value counting back from the maximum (-1 = all).
@@ -59,7 +94,8 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
     ValueError
         If an operand has fewer than 2 dimensions, the inner dimensions differ, the batch
         shapes do not broadcast into ``out``'s, ``out`` has the wrong shape or dtype or is
-        read-only, or ``n_threads == 0``. A call that raises leaves ``out`` untouched.
+        read-only, ``precision`` is not None, "exact" or "fast", or ``n_threads == 0``. A
+        call that raises leaves ``out`` untouched.
 
     Notes
     -----
@@ -74,6 +110,20 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
     made (except the product buffer of an infinite ``alpha``). The GIL is released while the
     kernel runs.
 
+    ``precision="fast"`` with bfloat16 ``a`` and ``b`` follows ``vdpbf16ps`` as measured on
+    an AMD Zen 5 (the emulation reproduces it bit for bit): the bits are read as stored
+    (no widened copy) and packed into pairs of consecutive k; per element of ``out`` and per
+    block of 256 k, ``s = 0``, then for k in order ``s = FTZ(RNE(s + a_k b_k))`` with the
+    product exact (no overflow or underflow of its own), bfloat16 subnormal inputs read as
+    zero (DAZ) and results that are tiny after rounding flushed to zero (FTZ), whatever the
+    MXCSR says; each block's ``s`` is added as ``fma(alpha, s, out)`` in float32, and a
+    bfloat16 ``out`` is rounded once at the end. Error bound against the exact
+    ``out + alpha * (a @ b)`` (the tests check it against a float64 oracle), u = 2^-24:
+    ``(K + 2) u (|alpha| sum_k |a_k b_k| + |out|) + 2^-126 |alpha| (sum_k (|a_k| + |b_k|)
+    + K)`` before a bfloat16 ``out``'s final rounding (2^-8 relative); the second term is
+    what DAZ and FTZ may lose. NaN signs and payloads are not specified. Results are
+    bit-identical for any thread count on a host.
+
     Examples
     --------
     >>> import numpy as np, cyattn
@@ -82,6 +132,13 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
     array([[2., 3.],
            [4., 5.]])
     """
+    return _matmul(a, b, out, alpha, precision, n_threads)
+
+
+def _matmul(a, b, out, alpha, precision, n_threads, emulate=False):
+    """matmul_accumulate; ``emulate`` runs the fast bf16 path's emulation even where the
+    kernels have the instruction (for the tests that compare the two bit for bit)."""
+    precision = _resolve_precision(precision)
     if _fast_call(a, b, out, alpha, n_threads):
         return out
     a = V.as_float_array(a, "a", _FNAME)
@@ -121,6 +178,9 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
     a_fmt, b_fmt, c_fmt = (V.half_format(x, compute) for x in (a, b, out))
     a = V.kernel_ready(a, a.dtype if a_fmt else compute)
     b = V.kernel_ready(b, b.dtype if b_fmt else compute)
+    # bf16 a and b on the bf16 dot product (the fast path reads them as they are, like the
+    # exact path; out is float32 or bf16)
+    fast = precision == "fast" and V.is_bfloat16(a.dtype) and V.is_bfloat16(b.dtype)
 
     def run(a, b, target, c_fmt, alpha):
         ops = [(x, x.view(np.uint16) if fmt else x, x.itemsize)
@@ -129,8 +189,12 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, n_threads=None):
         for x, view, item in ops:
             args += [view, V.batch_offsets(x, batch), x.strides[-2] // item,
                      x.strides[-1] // item]
-        _backend.kernels.matmul_accumulate(*args, M, N, K, alpha, n_threads,
-                                           a_fmt=a_fmt, b_fmt=b_fmt, c_fmt=c_fmt)
+        if fast:
+            _backend.kernels.matmul_accumulate_bf16(*args, M, N, K, alpha, n_threads,
+                                                    c_fmt=c_fmt, emulate=emulate)
+        else:
+            _backend.kernels.matmul_accumulate(*args, M, N, K, alpha, n_threads,
+                                               a_fmt=a_fmt, b_fmt=b_fmt, c_fmt=c_fmt)
 
     if not math.isfinite(alpha):
         # The kernel applies alpha to each KC-deep block's partial sum; an infinite alpha
