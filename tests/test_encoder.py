@@ -94,9 +94,9 @@ def test_same_bits_alone_and_in_any_batch(enc, texts, alone, batch_size, n_threa
     np.testing.assert_array_equal(got, alone[perm])
 
 
-def test_same_bits_in_one_padded_batch(enc, texts, alone):
+def test_same_bits_in_one_ragged_batch(enc, texts, alone):
     """One forward over every text in input order: many distinct lengths, so attention takes
-    the padded path with per-text key and query lengths."""
+    the ragged path (one kernel call, per-text key and query lengths)."""
     ids = enc.tokenize(texts)
     np.testing.assert_array_equal(enc.forward(ids, n_threads=2), alone)
 

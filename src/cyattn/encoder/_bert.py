@@ -3,11 +3,10 @@
 A from-scratch forward pass of a sentence-transformers BERT model (e.g. all-MiniLM-L6-v2:
 6 layers, hidden 384, 12 heads of 32, exact-erf GELU, post-LayerNorm), followed by the model's
 pooling (mean, CLS or max over the real tokens) and L2 normalisation. Self-attention is
-:func:`cyattn.scaled_dot_product_attention`: per run of equal-length texts without padding,
-or, for a batch of many distinct lengths, padded, with each text's length as cyattn's
-``key_lengths`` and ``query_lengths`` (padded keys get exactly zero weight and are never read,
-padded query rows are not computed; 1.14-1.32x faster than the bool key-padding mask it
-replaced, the same bits).
+cyattn's: per run of equal-length texts without padding, or, for a batch of several lengths, one
+ragged kernel call over all its (text, head) pairs with each text's length as its key and query
+length (keys past it are never read, rows past it are not computed; no padded copy of the
+projection).
 Moved here from ``examples/minilm/embed.py`` (issue 25).
 
 Weights come from ``model.safetensors`` only (``safetensors.numpy``; never a pickle file) and the
@@ -16,11 +15,11 @@ tokenizer from ``tokenizer.json`` (``tokenizers``); nothing is fetched from a mo
 Layout of a batch. The dense layers (projections, FFN, LayerNorm, GELU) are row-wise, so they
 run on the *packed* tokens of the batch (T = sum of the lengths, no padding rows). Like
 sentence-transformers, the texts are sorted by length before batching, so a batch holds a few
-runs of equal-length texts; each run's q/k/v are ``(texts, heads, n, head_dim)`` strided views
-of the fused QKV projection and cyattn writes the context straight into the packed rows (no
-padding, no mask, no copy). A batch with more runs than a quarter of its texts is instead
-scattered into a padded ``(batch, L_max)`` buffer and attended in one call with per-text
-lengths; the context is gathered back to packed rows.
+runs of equal-length texts. A batch of one run attends on ``(texts, heads, n, head_dim)`` strided
+views of the fused QKV projection, and cyattn writes the context straight into the packed rows
+(no padding, no mask, no copy). A batch of several runs attends in one kernel call whose
+(text, head) tasks read q/k/v in place from the packed projection by offsets; its context is
+gathered back to packed rows by one ``take``.
 
 Speed (1 thread). Each GEMM runs on all T tokens of the batch: GEMMs are fastest at large M
 (row blocks of 64-256 tokens, to keep the FFN activation in L2, made the dense layers 20-80%
@@ -48,6 +47,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import math
 import os
 import threading
 import time
@@ -57,7 +57,7 @@ import numpy as np
 
 import cyattn
 
-from .. import _backend
+from .. import _backend, _validate
 from ..matmul import _PackedB, _matmul_packed
 
 __all__ = ["Encoder", "check_model_folder", "default_model_dir", "gelu_"]
@@ -449,44 +449,47 @@ class Encoder:
         H, D, E, F = self.heads, self.head_dim, self.hidden, self.intermediate
         starts = np.zeros(B, np.int64)
         np.cumsum(lengths[:-1], out=starts[1:])
-        spans = [(int(s), int(s + n), int(n)) for s, n in zip(starts, lengths)]
         tokens = np.fromiter((t for seq in ids for t in seq), dtype=np.int64, count=T)
         pos = np.arange(T, dtype=np.int64) - np.repeat(starts, lengths)
         # Attention layout. Consecutive texts of equal length (the sorted batches of encode())
-        # form runs; each run is one cyattn call on (G, H, n, D) strided views of the packed
-        # projection, without padding, mask or copies. When the texts have many distinct
-        # lengths (more runs than B / 4), one padded call with per-text lengths is used
-        # instead (one call per text would pay cyattn's per-call cost B times).
+        # form runs. A batch of one run (or of texts of at most _SHORT_RUN tokens) is one
+        # cyattn call per run on (G, H, n, D) strided views of the packed projection, without
+        # lengths, mask or copies. A batch of several runs is one kernel call over all its
+        # (text, head) pairs ("ragged"): q, k and v are read in place from the packed
+        # projection by per-pair offsets, each text's length is its key and query length (keys
+        # past it are never read, rows past it are not computed), and the context goes to a
+        # (B, L, H, D) buffer, gathered back to the packed rows by one take. One call keeps all
+        # B x H tasks in one team (one call per run had G x H tasks each, too few to split:
+        # the 7 runs of a 32-text request ran on one thread each), and nothing is copied in
+        # (the padded layout it replaced copied every text's rows in and out, per layer).
         run_starts = [0] + [i for i in range(1, B) if lengths[i] != lengths[i - 1]]
-        padded = len(run_starts) > max(1, B // 4) and L > _SHORT_RUN
+        ragged = len(run_starts) > 1 and L > _SHORT_RUN
 
         # Buffers. x: hidden state of the packed tokens (no padding rows); qkv, ffn_mid, ctx,
         # proj: outputs of the QKV projection, the FFN's first layer, attention, and the
-        # output projection or the FFN's second layer. With padding, qkv is copied per text
-        # into qkv_pad (padding rows zero) that attention reads; attention writes ctx_pad
-        # (B, H, L, D), copied back per text.
+        # output projection or the FFN's second layer. ctx_pad, lse: the ragged call's context
+        # (B * L rows) and its per-row scratch.
         x = work.take("x", (T, E))
         qkv = work.take("qkv", (T, 3 * E))
         ffn_mid = work.take("ffn_mid", (T, F))
         ctx = work.take("ctx", (T, E))
         proj = work.take("proj", (T, E))
-        if padded:
-            # each text's length as cyattn's key_lengths and query_lengths, shape (B, 1)
-            # broadcast over heads: padded keys take no part and their blocks are never read,
-            # as under a key-padding mask, and padded query rows are not computed
-            seq_lengths = lengths[:, None]
-            qkv_pad = work.take("qkv_pad", (B, L, 3 * E))
-            for b, (_, _, n) in enumerate(spans):
-                qkv_pad[b, n:] = 0.0
-            heads = qkv_pad.reshape(B, L, 3, H, D)
-            # contiguous (B, H, L, D): cyattn writes it faster than a strided view, and the
-            # per-text copy back has to reorder anyway
-            ctx_pad = work.take("ctx_pad", (B, H, L, D))
-            # (B, H, L, D) strided views of the padded projection; cyattn reads them in place
-            attention_calls = [(*(heads[:, :, i].transpose(0, 2, 1, 3) for i in range(3)),
-                                seq_lengths, ctx_pad)]
+        attention_calls = []
+        if ragged:
+            text = np.repeat(np.arange(B, dtype=np.int64), H)        # pair -> text
+            head_col = np.tile(np.arange(H, dtype=np.int64) * D, B)   # pair -> head's column
+            q_off = starts[text] * (3 * E) + head_col
+            ragged_call = (q_off, q_off + E, q_off + 2 * E, text * (L * E) + head_col,
+                           np.ascontiguousarray(lengths[text]))
+            ctx_pad = work.take("ctx_pad", (B * L, E))
+            lse = work.take("lse", (B * H, L))
+            rows_pad = np.arange(B, dtype=np.int64).repeat(lengths) * L + pos   # token's row
+            # the kernel's work, as attention's own thread cap counts it (real lengths only)
+            attn_threads = _validate.threads_for_work(
+                n_threads, H * int((lengths * lengths).sum()) * (2 * D + 8), 1 << 18)
+            scale = 1.0 / math.sqrt(D)
+            no_mask = np.zeros(1, np.int64)
         else:
-            attention_calls = []
             for r, b in enumerate(run_starts):
                 n = int(lengths[b])
                 rows = slice(int(starts[b]),
@@ -497,7 +500,7 @@ class Encoder:
                 # texts of <= _SHORT_RUN tokens: one call each (see _SHORT_RUN)
                 step = 1 if n <= _SHORT_RUN else out_view.shape[0]
                 for g in range(0, out_view.shape[0], step):
-                    attention_calls.append((*(a[g:g + step] for a in q_k_v), None,
+                    attention_calls.append((*(a[g:g + step] for a in q_k_v),
                                             out_view[g:g + step]))
         # GEMMs run on all T tokens at once: BLAS is fastest at large M (row blocks of 256,
         # 128 and 64 tokens made the dense layers 20%, 45% and 80% slower: the weights are
@@ -542,25 +545,22 @@ class Encoder:
 
         for lay in self.layers:
             dense(x, lay["qkv_wT"], lay["qkv_b"], qkv)
-            if padded:                     # copy per text, adding the bias on the way
-                qkv_b = lay["qkv_b"]
-                for b, (s0, s1, n) in enumerate(spans):
-                    if fused:
-                        qkv_pad[b, :n] = qkv[s0:s1]
-                    else:
-                        np.add(qkv[s0:s1], qkv_b, out=qkv_pad[b, :n])
-            elif not fused:
+            if not fused:
                 qkv += lay["qkv_b"]
             clock("other")
-            for q, k, v, seq_lengths, out in attention_calls:
-                cyattn.scaled_dot_product_attention(q, k, v, out=out, n_threads=n_threads,
-                                                    key_lengths=seq_lengths,
-                                                    query_lengths=seq_lengths)
-            clock("attention")
-            if padded:
-                for b, (s0, s1, n) in enumerate(spans):
-                    ctx[s0:s1].reshape(n, H, D)[...] = ctx_pad[b, :, :n].transpose(1, 0, 2)
-            clock("other")
+            if ragged:
+                q_off, k_off, v_off, o_off, seq = ragged_call
+                kernels.attention(qkv, q_off, 3 * E, 1, qkv, k_off, 3 * E, 1, qkv, v_off,
+                                  3 * E, 1, None, 0, no_mask, 0, 0, ctx_pad, lse, L, L, D, D,
+                                  scale, False, False, False, attn_threads, -1, -1, 0.0, seq,
+                                  seq, None, None, o_off=o_off, o_rs=E)
+                clock("attention")
+                np.take(ctx_pad, rows_pad, axis=0, out=ctx)
+                clock("other")
+            else:
+                for q, k, v, out in attention_calls:
+                    cyattn.scaled_dot_product_attention(q, k, v, out=out, n_threads=n_threads)
+                clock("attention")
             dense_residual(ctx, lay["out_wT"], lay["out_b"])
             norm_rows(lay["out_b"], lay["ln1"], not fused)
             dense(x, lay["ff1_wT"], lay["ff1_b"], ffn_mid)
