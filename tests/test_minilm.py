@@ -2,8 +2,8 @@
 
 cyattn.encoder (moved from examples/minilm/embed.py) is a NumPy BERT encoder whose
 self-attention is cyattn's attention kernel (per run of equal-length texts, or one ragged call
-with per-text lengths). Its embeddings are compared with reference embeddings of sentence-transformers on
-PyTorch stored in tests/data/minilm_reference.{npz,json} (written by
+with per-text lengths). Its embeddings are compared with reference embeddings of
+sentence-transformers on PyTorch stored in tests/data/minilm_reference.{npz,json} (written by
 examples/minilm/make_reference.py), so these tests need no torch; one more test compares live
 when sentence-transformers is installed.
 
