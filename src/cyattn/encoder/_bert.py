@@ -37,15 +37,22 @@ packing per call): a one-text request multiplies a few rows by 42 MB of weights 
 memory, and packing them per call cost more than the products (1.3-1.5x faster GEMMs there).
 ``linear="numpy"`` switches back to NumPy's BLAS.
 
-Threads. With several batches and ``n_threads > 1``, that many batches run concurrently, each
-on one thread. One batch (a single request) is split across the threads instead: cyattn's
-kernels split attention over (text, head) pairs and the GEMMs over output tiles
-(``n_threads``), and the GELU and LayerNorm row passes over rows.
+Threads (the plan; ``python -m cyattn info --plan`` prints it for a call shape). ``encode``
+runs ``lanes = min(n_threads, batches)`` batches at once, longest first, and shares the
+threads among the lanes still running (:class:`_ThreadShares`): each lane's kernels get
+``n_threads // lanes`` threads (the first lanes, with the longest batches, one more where they
+do not divide evenly), and when a lane finds no batch left, its threads go to the lanes still
+running at their next kernel. So batches run concurrently while there are enough of them,
+and the threads then work inside the batches left (attention over (text, head) tasks, the
+GEMMs over finer output tiles, GELU and LayerNorm over rows): 13 batches on 16 threads leave
+no thread idle, and one 256-token batch beside two short ones is not left to one thread. One
+batch (a request) has all the threads. The bits do not depend on any of it: each kernel's
+result does not depend on its thread count, and the batches are the same.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
+import functools
 import json
 import math
 import os
@@ -440,7 +447,12 @@ class Encoder:
         return self._forward(ids, n_threads, timings, _Workspace(), normalize)
 
     def _forward(self, ids, n_threads, timings, work, normalize=True):
-        """:meth:`forward` with its buffers taken from ``work`` (one thread's workspace)."""
+        """:meth:`forward` with its buffers taken from ``work`` (one thread's workspace).
+
+        ``n_threads`` is an int, or a callable returning the threads of this lane of
+        :meth:`encode`'s plan, asked again before each kernel (a lane gets more threads as
+        the others finish; the bits never depend on it)."""
+        threads = n_threads if callable(n_threads) else (lambda: n_threads)
         clock = _Clock(timings)
         B = len(ids)
         lengths = np.fromiter((len(t) for t in ids), dtype=np.int64, count=B)
@@ -485,8 +497,7 @@ class Encoder:
             lse = work.take("lse", (B * H, L))
             rows_pad = np.arange(B, dtype=np.int64).repeat(lengths) * L + pos   # token's row
             # the kernel's work, as attention's own thread cap counts it (real lengths only)
-            attn_threads = _validate.threads_for_work(
-                n_threads, H * int((lengths * lengths).sum()) * (2 * D + 8), 1 << 18)
+            attn_work = H * int((lengths * lengths).sum()) * (2 * D + 8)
             scale = 1.0 / math.sqrt(D)
             no_mask = np.zeros(1, np.int64)
         else:
@@ -515,7 +526,7 @@ class Encoder:
             """out = a @ w_t (+ bias when fused; otherwise the caller adds it)."""
             if fused:
                 out[...] = bias
-                _matmul_packed(a, w_t, out, n_threads)
+                _matmul_packed(a, w_t, out, threads())
             else:
                 np.matmul(a, w_t, out=out)
             clock("linear")
@@ -524,7 +535,7 @@ class Encoder:
             """proj = a @ w_t, or, fused, x += a @ w_t + bias."""
             if fused:
                 np.add(x, bias, out=x)
-                _matmul_packed(a, w_t, x, n_threads)
+                _matmul_packed(a, w_t, x, threads())
             else:
                 np.matmul(a, w_t, out=proj)
             clock("linear")
@@ -534,7 +545,7 @@ class Encoder:
             if add:
                 np.add(proj, bias, out=proj)
                 np.add(x, proj, out=x)
-            kernels.layer_norm_rows(x, ln[0], ln[1], eps, n_threads)
+            kernels.layer_norm_rows(x, ln[0], ln[1], eps, threads())
             clock("layernorm")
 
         # embeddings: word + (position + token type 0), then LayerNorm
@@ -552,19 +563,21 @@ class Encoder:
                 q_off, k_off, v_off, o_off, seq = ragged_call
                 kernels.attention(qkv, q_off, 3 * E, 1, qkv, k_off, 3 * E, 1, qkv, v_off,
                                   3 * E, 1, None, 0, no_mask, 0, 0, ctx_pad, lse, L, L, D, D,
-                                  scale, False, False, False, attn_threads, -1, -1, 0.0, seq,
+                                  scale, False, False, False,
+                                  _validate.threads_for_work(threads(), attn_work, 1 << 18),
+                                  -1, -1, 0.0, seq,
                                   seq, None, None, o_off=o_off, o_rs=E)
                 clock("attention")
                 np.take(ctx_pad, rows_pad, axis=0, out=ctx)
                 clock("other")
             else:
                 for q, k, v, out in attention_calls:
-                    cyattn.scaled_dot_product_attention(q, k, v, out=out, n_threads=n_threads)
+                    cyattn.scaled_dot_product_attention(q, k, v, out=out, n_threads=threads())
                 clock("attention")
             dense_residual(ctx, lay["out_wT"], lay["out_b"])
             norm_rows(lay["out_b"], lay["ln1"], not fused)
             dense(x, lay["ff1_wT"], lay["ff1_b"], ffn_mid)
-            kernels.gelu_rows(ffn_mid, None if fused else lay["ff1_b"], _GELU_P, n_threads)
+            kernels.gelu_rows(ffn_mid, None if fused else lay["ff1_b"], _GELU_P, threads())
             clock("gelu")
             dense_residual(ffn_mid, lay["ff2_wT"], lay["ff2_b"])
             norm_rows(lay["ff2_b"], lay["ln2"], not fused)
@@ -610,15 +623,16 @@ class Encoder:
             own choice is :attr:`normalize`).
         n_threads : int, optional
             Threads for this call; None: cyattn's default
-            (``cyattn.config()["default_threads"]``). With several batches, that many batches
-            run concurrently, one thread each; a single batch is split across the threads
-            (attention over heads and the GEMMs over output tiles in cyattn's kernels, GELU and
-            LayerNorm over row blocks). The result is the same bits for every thread count.
+            (``cyattn.config()["default_threads"]``). With several batches, up to that many
+            run at once (longest first), sharing the threads; as fewer batches are left, the
+            threads move inside them (attention over (text, head) tasks, the GEMMs over output
+            tiles, GELU and LayerNorm over rows). A single batch has all the threads. The
+            result is the same bits for every thread count (see the module's Threads note).
         progress : bool
             Show a progress bar (tqdm, on stderr) when tqdm is installed; without it, none.
         timings : dict, optional
             If given, seconds per stage are added to it ("tokenize", "linear", "attention",
-            "gelu", "layernorm", "other"; with concurrent batches, summed over threads).
+            "gelu", "layernorm", "other"; with concurrent batches, summed over the lanes).
 
         Returns
         -------
@@ -652,23 +666,14 @@ class Encoder:
         clock("tokenize")
         bar = _progress_bar(len(texts)) if progress else None
         try:
-            if n_threads > 1 and len(batches) > 1:
-                local = threading.local()          # one workspace per worker, for this call
-
-                def run(idx):
-                    work = getattr(local, "work", None)
-                    if work is None:
-                        work = local.work = _Workspace()
-                    return self._forward([ids[i] for i in idx], 1, timings, work, normalize)
-                # NumPy's BLAS (linear="numpy" only) is held to one thread meanwhile
+            lanes = min(n_threads, len(batches))
+            if lanes > 1:
+                # NumPy's BLAS (linear="numpy" only) is held to one thread meanwhile: its
+                # threads are process-wide and cannot follow the lanes' shares
                 limit = _blas_threads(1) if self.linear == "numpy" else contextlib.nullcontext()
-                # longest batches first: workers pick them up in that order (LPT balance)
-                with limit, concurrent.futures.ThreadPoolExecutor(
-                        min(n_threads, len(batches))) as pool:
-                    for idx, vectors in zip(batches, pool.map(run, batches)):
-                        out[idx] = vectors
-                        if bar is not None:
-                            bar.update(len(idx))
+                with limit:
+                    self._encode_lanes(ids, batches, out, lanes, n_threads, timings,
+                                       normalize, bar)
             else:
                 work = _Workspace()
                 for idx in batches:
@@ -681,6 +686,80 @@ class Encoder:
                 bar.close()
         return out
 
+
+    def _encode_lanes(self, ids, batches, out, lanes, n_threads, timings, normalize, bar):
+        """:meth:`encode`'s plan for several batches: ``lanes`` of them at once, sharing
+        ``n_threads`` (see :class:`_ThreadShares`); rows of ``out`` filled in place.
+
+        Lane i starts with batch i (batches come longest first, and the lanes that start
+        first get the extra threads when they do not divide evenly); then each lane takes the
+        next batch left, longest first, and leaves when none is; the lanes still running
+        take its threads at their next kernel. The calling thread runs lane 0."""
+        shares = _ThreadShares(n_threads, lanes)
+        lock = threading.Lock()
+        queue = iter(batches[lanes:])
+        errors = []
+        lane_timings = [{} if timings is not None else None for _ in range(lanes)]
+
+        def lane(i):
+            work = _Workspace()                # this lane's buffers, reused batch to batch
+            share = functools.partial(shares.threads, i)
+            idx = batches[i]
+            try:
+                while idx is not None and not errors:
+                    out[idx] = self._forward([ids[j] for j in idx], share, lane_timings[i],
+                                             work, normalize)
+                    with lock:
+                        if bar is not None:
+                            bar.update(len(idx))
+                        idx = next(queue, None)
+            except BaseException as exc:       # re-raised in the calling thread
+                errors.append(exc)
+            finally:
+                shares.leave(i)
+
+        workers = [threading.Thread(target=lane, args=(i,), daemon=True,
+                                    name=f"cyattn-encode-lane-{i}") for i in range(1, lanes)]
+        for w in workers:
+            w.start()
+        lane(0)
+        for w in workers:
+            w.join()
+        if timings is not None:
+            for part in lane_timings:
+                for stage, sec in part.items():
+                    timings[stage] = timings.get(stage, 0.0) + sec
+        if errors:
+            raise errors[0]
+
+
+class _ThreadShares:
+    """The threads of one :meth:`Encoder.encode` call, shared among its lanes still running.
+
+    With ``k`` lanes running, the lane of rank r among them (lanes in start order) has
+    ``n_threads // k`` threads, one more if ``r < n_threads % k``. A lane asks before each
+    kernel; when a lane leaves, the others' shares grow (never shrink), so the threads in use
+    never exceed ``n_threads``, and the last lane running has them all. Per call, not global:
+    each call has its own.
+    """
+
+    __slots__ = ("n_threads", "running", "lock")
+
+    def __init__(self, n_threads, lanes):
+        self.n_threads = n_threads
+        self.running = tuple(range(lanes))     # replaced, never mutated: read without lock
+        self.lock = threading.Lock()
+
+    def threads(self, lane):
+        """The threads lane ``lane`` may use now."""
+        running = self.running
+        q, extra = divmod(self.n_threads, len(running))
+        return q + (running.index(lane) < extra)
+
+    def leave(self, lane):
+        """Lane ``lane`` has no batch left; its threads go to the others."""
+        with self.lock:
+            self.running = tuple(r for r in self.running if r != lane)
 
 def _check_texts(texts):
     """``texts`` as a list of str (a str is one text); TypeError naming the first bad item."""
