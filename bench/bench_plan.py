@@ -10,9 +10,11 @@ Cases (all-MiniLM-L6-v2, cyattn.encoder, batch 32):
 
 Each round runs every (case, variant, threads) once, in turn; the table gives the median and
 the best of the rounds and the 1-thread / 2-thread ratio of each. On a shared machine take the
-medians of several runs. ``--plan`` also prints cyattn._plan's modelled plan of the cases.
+medians of several runs. ``--plan`` also prints cyattn._plan's modelled plan of the cases;
+``--serial`` the request's time outside the kernels (every kernel replaced by a no-op: the
+Python and NumPy steps between them, which no thread count shortens; tokenizing included).
 
-    python bench/bench_plan.py [--rounds 15] [--threads 1 2] [--plan]
+    python bench/bench_plan.py [--rounds 15] [--threads 1 2] [--plan] [--serial]
 """
 import argparse
 import concurrent.futures
@@ -63,11 +65,47 @@ def one_per_batch(enc, texts, n_threads, batch_size=32):
     return out
 
 
+def serial_time(enc, texts, reps=30):
+    """(ms of encode(texts) at 1 thread, ms of it with every kernel a no-op), best of reps."""
+    bert = cyattn.encoder._bert
+    kernels, matmul = bert._backend.kernels, bert._matmul_packed
+
+    class Hollow:
+        def __getattr__(self, name):
+            return getattr(kernels, name)
+
+        def attention(self, *args, **kw):
+            return False
+
+        def gelu_rows(self, *args):
+            pass
+
+        def layer_norm_rows(self, *args):
+            pass
+
+    def best():
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            enc.encode(texts, n_threads=1)
+            times.append(time.perf_counter() - t0)
+        return min(times) * 1e3
+    full = best()
+    bert._backend.kernels, bert._matmul_packed = Hollow(), lambda a, p, out, n=None: out
+    try:
+        hollow = best()
+    finally:
+        bert._backend.kernels, bert._matmul_packed = kernels, matmul
+    return full, hollow
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--threads", type=int, nargs=2, default=[1, 2], metavar=("A", "B"))
     ap.add_argument("--plan", action="store_true", help="also print cyattn._plan's model")
+    ap.add_argument("--serial", action="store_true",
+                    help="also the request's time outside the kernels (1 thread)")
     args = ap.parse_args(argv)
     enc = cyattn.encoder.load()
     spread = (texts_of_tokens(enc, 256, 32) + texts_of_tokens(enc, 64, 32)
@@ -102,6 +140,10 @@ def main(argv=None):
               f"{statistics.median(tb) * 1e3:>8.1f} ({min(tb) * 1e3:>5.1f}) "
               f"{statistics.median(ta) / statistics.median(tb):>12.2f}x "
               f"{min(ta) / min(tb):>10.2f}x")
+    if args.serial:
+        full, hollow = serial_time(enc, request)
+        print(f"\nrequest at 1 thread: {full:.2f} ms, of which outside the kernels "
+              f"{hollow:.2f} ms ({hollow / full:.1%}; best of 30)")
     if args.plan:
         print()
         print(_plan.report(args.threads, lambda n: [
