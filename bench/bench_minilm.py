@@ -22,8 +22,8 @@ closure in this environment), ``--dask N`` (N texts on a LocalCluster of 2 worke
 worker).
 
 Threads: NumPy's BLAS via threadpoolctl, PyTorch via torch.set_num_threads, cyattn via
-``n_threads`` (with more than one batch the encoder runs that many batches concurrently, each
-single-threaded). OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed from the environment before
+``n_threads`` (with several batches the encoder runs up to that many at once, sharing the
+threads, which move inside the batches left as the others finish; ``bench/bench_plan.py``). OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed from the environment before
 NumPy loads (they slow OpenBLAS here).
 
 Extra sections: ``--breakdown`` (where the encoder's time goes, 1 thread), ``--linear`` (NumPy

@@ -94,9 +94,9 @@ def test_same_bits_alone_and_in_any_batch(enc, texts, alone, batch_size, n_threa
     np.testing.assert_array_equal(got, alone[perm])
 
 
-def test_same_bits_in_one_padded_batch(enc, texts, alone):
+def test_same_bits_in_one_ragged_batch(enc, texts, alone):
     """One forward over every text in input order: many distinct lengths, so attention takes
-    the padded path with per-text key and query lengths."""
+    the ragged path (one kernel call, per-text key and query lengths)."""
     ids = enc.tokenize(texts)
     np.testing.assert_array_equal(enc.forward(ids, n_threads=2), alone)
 
@@ -359,3 +359,72 @@ def test_cli_errors_leave_nothing(tmp_path, capsys):
         assert rc != 0, args
         assert msg in err, (args, err)
         assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt", "in.parquet"], args
+
+
+def _texts_of_tokens(enc, n_tokens, count, seed=0):
+    """``count`` texts of exactly ``n_tokens`` tokens ([CLS] and [SEP] included)."""
+    words = [w for w in ("printer", "invoice", "login", "refund", "update", "error", "account",
+                         "server", "network", "password", "order", "token")
+             if len(enc.tokenize([w])[0]) == 3]
+    rng = np.random.default_rng(seed + n_tokens)
+    return [" ".join(rng.choice(words, size=n_tokens - 2)) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def spread(enc):
+    """3 batches (batch_size 4) of 256, 64 and 16 tokens, and 2 texts of 64 and 16 beside."""
+    texts = (_texts_of_tokens(enc, 256, 4) + _texts_of_tokens(enc, 64, 5)
+             + _texts_of_tokens(enc, 16, 5))
+    assert sorted({len(t) for t in enc.tokenize(texts)}) == [16, 64, 256]
+    return texts
+
+
+@pytest.mark.parametrize("n_threads", [2, 3, 5])
+def test_same_bits_for_any_thread_plan(enc, spread, n_threads):
+    """Issue 41's plan: lanes of batches sharing the threads, a lane's kernels taking more
+    threads as the other lanes finish. 3 to 4 batches of 256, 64 and 16 tokens at 2, 3 and 5
+    threads (fewer lanes than batches, as many, more threads than batches) give the bits of
+    one thread, and of each text alone."""
+    one = enc.encode(spread, 4, n_threads=1)
+    np.testing.assert_array_equal(enc.encode(spread, 4, n_threads=n_threads), one)
+    np.testing.assert_array_equal(enc.encode(spread[::-1], 5, n_threads=n_threads),
+                                  one[::-1])
+    np.testing.assert_array_equal(one[[0, 5, 13]],
+                                  np.stack([enc.encode([spread[i]], n_threads=1)[0]
+                                            for i in (0, 5, 13)]))
+
+
+def test_lanes_take_the_threads_of_finished_lanes(enc, spread, monkeypatch):
+    """2 threads, batches of 256 tokens and of 64 + 16: lane 0 starts the long batch on one
+    thread, lane 1 runs the short ones on the other; once lane 1 has left, lane 0's products
+    run on both threads (the long batch is not left to one thread)."""
+    from cyattn.encoder import _bert
+    calls = []
+    real = _bert._matmul_packed
+
+    def spy(a, packed, out, n_threads=None):
+        calls.append((a.shape[0], n_threads))
+        return real(a, packed, out, n_threads)
+
+    monkeypatch.setattr(_bert, "_matmul_packed", spy)
+    texts = spread[:4] + spread[4:8] + spread[9:13]         # batches of 256, 64, 16 tokens
+    enc.encode(texts, 4, n_threads=2)
+    long_batch = [n for m, n in calls if m == 4 * 256]
+    short = [n for m, n in calls if m < 4 * 256]
+    assert long_batch[0] == 1 and long_batch[-1] == 2 and set(short) == {1}
+
+
+def test_thread_shares():
+    """The lanes' shares: n // k each, the first lanes one more; a lane leaving hands its
+    threads to the others, whose shares only grow; the threads never exceed n."""
+    from cyattn.encoder._bert import _ThreadShares
+    shares = _ThreadShares(16, 13)
+    assert [shares.threads(i) for i in range(13)] == [2, 2, 2] + [1] * 10
+    seen = {i: shares.threads(i) for i in range(13)}
+    for gone in (5, 0, 12, 7, 1, 2, 3, 4, 6, 8, 9, 10):
+        shares.leave(gone)
+        now = {i: shares.threads(i) for i in shares.running}
+        assert sum(now.values()) == 16
+        assert all(now[i] >= seen[i] for i in now)
+        seen.update(now)
+    assert shares.running == (11,) and shares.threads(11) == 16

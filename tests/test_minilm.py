@@ -1,9 +1,9 @@
 """Real input: all-MiniLM-L6-v2 sentence embeddings computed with cyattn's attention.
 
 cyattn.encoder (moved from examples/minilm/embed.py) is a NumPy BERT encoder whose
-self-attention is cyattn.scaled_dot_product_attention (with per-text lengths on a padded
-batch). Its embeddings are compared with reference embeddings of sentence-transformers on
-PyTorch stored in tests/data/minilm_reference.{npz,json} (written by
+self-attention is cyattn's attention kernel (per run of equal-length texts, or one ragged call
+with per-text lengths). Its embeddings are compared with reference embeddings of
+sentence-transformers on PyTorch stored in tests/data/minilm_reference.{npz,json} (written by
 examples/minilm/make_reference.py), so these tests need no torch; one more test compares live
 when sentence-transformers is installed.
 
@@ -127,11 +127,11 @@ def test_embeddings_are_unit_norm(embedded):
 
 
 def test_text_alone_equals_text_in_a_mixed_batch(model, reference):
-    """The padded path works: padded keys get zero weight, so a short text padded to 256
-    in a batch with long texts gets the embedding it gets alone."""
+    """The ragged path works: keys past a text's length take no part, so a short text in a
+    batch with 256-token texts gets the embedding it gets alone."""
     sentences, ids, _ = reference
     lengths = [len(t) for t in ids]
-    assert min(lengths) < 10 and max(lengths) == 256          # the batch is heavily padded
+    assert min(lengths) < 10 and max(lengths) == 256          # lengths far apart
     with _single_threaded_blas():        # 25 small forwards: threads only add overhead
         batched = model.forward(ids, n_threads=1)                # one batch, input order
         alone = [model.forward([t], n_threads=1)[0] for t in ids]
@@ -141,35 +141,46 @@ def test_text_alone_equals_text_in_a_mixed_batch(model, reference):
 
 
 def test_runs_of_equal_length_match_texts_alone(model, example, monkeypatch):
-    """Sorted batches (as encode() makes them) attend per run of equal-length texts, on views of
-    the packed projection without padding or mask; each text still gets its embedding alone.
-    A batch of many distinct lengths takes the padded path with per-text lengths."""
+    """A batch of one run of equal-length texts attends in one cyattn call on views of the
+    packed projection, without padding, lengths or mask; a batch of several runs (as encode()
+    makes them) in one ragged kernel call over its (text, head) pairs, with each text's length
+    as its key and query length; each text still gets its embedding alone."""
     rng = np.random.default_rng(0)
     ids = [[101] + rng.integers(1000, 30000, n - 2).tolist() + [102]
            for n in [41] * 5 + [40] * 5 + [23] * 4 + [7] * 2]      # 4 runs, 16 texts
-    masks, lengths = [], []
+    masks, lengths, ragged = [], [], []
     sdpa = example.cyattn.scaled_dot_product_attention
+    kernels = example._backend.kernels
 
     def spy(q, k, v, mask=None, **kw):
         masks.append(mask)
         lengths.append((kw.get("key_lengths"), kw.get("query_lengths")))
         return sdpa(q, k, v, mask, **kw)
 
+    class Kernels:
+        def __getattr__(self, name):
+            return getattr(kernels, name)
+
+        def attention(self, *args, **kw):
+            ragged.append(args[31:33])             # key_len, query_len per (text, head)
+            return kernels.attention(*args, **kw)
+
     monkeypatch.setattr(example.cyattn, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(example._backend, "kernels", Kernels())
     with _single_threaded_blas():
         batched = model.forward(ids, n_threads=1)
-        assert len(masks) == 4 * model.n_layers and all(m is None for m in masks)
-        assert all(kl is None and ql is None for kl, ql in lengths)
+        assert not masks and len(ragged) == model.n_layers
+        want = np.repeat([len(t) for t in ids], model.heads)
+        assert all(kl.tolist() == want.tolist() and ql is kl for kl, ql in ragged)
         alone = [model.forward([t], n_threads=1)[0] for t in ids]
-        masks.clear()
-        lengths.clear()
-        padded = model.forward(ids[::2], n_threads=1)              # 4 runs, 8 texts
-        assert len(masks) == model.n_layers and all(m is None for m in masks)
-        want = [[len(t)] for t in ids[::2]]
-        assert all(kl.tolist() == want and ql is kl for kl, ql in lengths)
+        assert len(masks) == len(ids) * model.n_layers and all(m is None for m in masks)
+        assert all(kl is None and ql is None for kl, ql in lengths)
+        ragged.clear()
+        one_run = model.forward(ids[:5], n_threads=1)                # 1 run, 5 texts
+        assert not ragged and len(masks) == (len(ids) + 1) * model.n_layers
     for i in range(len(ids)):
         np.testing.assert_allclose(batched[i], alone[i], rtol=0, atol=BATCH_INVARIANCE_ATOL)
-    np.testing.assert_allclose(padded, np.array(alone[::2]), rtol=0, atol=BATCH_INVARIANCE_ATOL)
+    np.testing.assert_allclose(one_run, np.array(alone[:5]), rtol=0, atol=BATCH_INVARIANCE_ATOL)
 
 
 def test_batch_size_and_order_do_not_change_embeddings(model, reference, embedded):

@@ -3,6 +3,8 @@
 Subcommands::
 
     info                              version, kernel variant, CPU features, OpenMP, threads
+    info --plan [--threads 16,64]     the thread plan of the bench's shapes (tasks, the largest
+                                      task's share, the busiest thread; cyattn._plan)
     check [--cases N] [--seed S]      compiled kernels vs the pure-Python oracle (exit 1 on a
                                       mismatch)
     bench [--threads N] [--quick]     quick table of cyattn vs NumPy
@@ -49,7 +51,13 @@ def build_parser():
     parser.add_argument("--threads", type=positive_int_arg, default=1,
                         help="without a subcommand: threads for the bench (default 1)")
     sub = parser.add_subparsers(dest="command", metavar="{info,check,bench,plot,embed}")
-    sub.add_parser("info", help="version, kernel variant, CPU features, OpenMP, threads")
+    info = sub.add_parser("info", help="version, kernel variant, CPU features, OpenMP, threads")
+    info.add_argument("--plan", action="store_true",
+                      help="print how the kernels and the sentence encoder split the bench's "
+                           "shapes among threads: tasks, the largest task, the busiest thread "
+                           "(computed, not measured: any thread count on any machine)")
+    info.add_argument("--threads", default=None,
+                      help="with --plan: comma-separated thread counts (default 16,64)")
     check = sub.add_parser("check", help="compare the compiled kernels with cyattn.oracle")
     check.add_argument("--cases", type=positive_int_arg, default=300,
                        help="number of random cases (default 300)")
@@ -89,6 +97,15 @@ def build_parser():
 _FULL_ONLY = {"cases": None, "only": None, "samples": None, "min_time": None,
               "no_memory": False, "no_torch": False, "no_ort": False, "no_jax": False,
               "no_plot": False, "outdir": None}
+
+
+def cmd_plan(threads):
+    """``info --plan``: cyattn._plan's table of the bench's shapes at each thread count."""
+    from cyattn import _plan
+    print(f"cyattn {cyattn.__version__} ({cyattn.config()['variant']}): the thread plan, computed "
+          f"from the kernels' split rules (cyattn._plan)")
+    print(_plan.report(threads))
+    return 0
 
 
 def cmd_info():
@@ -174,6 +191,14 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "info":
+        if args.plan:
+            try:
+                threads = _bench.parse_thread_list(args.threads or "16,64")
+            except ValueError as exc:
+                parser.error(f"info --threads: {exc}")
+            return cmd_plan(threads)
+        if args.threads is not None:
+            parser.error("info: --threads needs --plan")
         return cmd_info()
     if args.command == "check":
         return cmd_check(args.cases, args.seed)

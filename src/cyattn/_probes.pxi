@@ -20,6 +20,16 @@ def omp_num_procs():
     return cyattn_omp_num_procs()
 
 
+def plan_constants():
+    """The constants by which the kernels split their work into tasks (this variant's tiles,
+    attention's query groups and decode chunks, the row passes' elements per thread): what
+    cyattn._plan mirrors in Python, and tests compare with."""
+    return {"MR": MR, "NR": NR, "MRD": MRD, "NRD": NRD, "MC": MC, "NC": NC, "KC": KC,
+            "KB": KB, "QG": QG, "QG_DENSE": QG_DENSE, "DECODE_MAX_L": DECODE_MAX_L,
+            "DECODE_MIN_WORK": DECODE_MIN_WORK, "DECODE_CHUNK": DECODE_CHUNK,
+            "ROWS_PER_THREAD_ELEMS": ROWS_PER_THREAD_ELEMS}
+
+
 def omp_pause():
     """Release the OpenMP thread pool (before fork); 0 on success."""
     return cyattn_omp_pause()

@@ -3,11 +3,10 @@
 A from-scratch forward pass of a sentence-transformers BERT model (e.g. all-MiniLM-L6-v2:
 6 layers, hidden 384, 12 heads of 32, exact-erf GELU, post-LayerNorm), followed by the model's
 pooling (mean, CLS or max over the real tokens) and L2 normalisation. Self-attention is
-:func:`cyattn.scaled_dot_product_attention`: per run of equal-length texts without padding,
-or, for a batch of many distinct lengths, padded, with each text's length as cyattn's
-``key_lengths`` and ``query_lengths`` (padded keys get exactly zero weight and are never read,
-padded query rows are not computed; 1.14-1.32x faster than the bool key-padding mask it
-replaced, the same bits).
+cyattn's: per run of equal-length texts without padding, or, for a batch of several lengths, one
+ragged kernel call over all its (text, head) pairs with each text's length as its key and query
+length (keys past it are never read, rows past it are not computed; no padded copy of the
+projection).
 Moved here from ``examples/minilm/embed.py`` (issue 25).
 
 Weights come from ``model.safetensors`` only (``safetensors.numpy``; never a pickle file) and the
@@ -16,11 +15,11 @@ tokenizer from ``tokenizer.json`` (``tokenizers``); nothing is fetched from a mo
 Layout of a batch. The dense layers (projections, FFN, LayerNorm, GELU) are row-wise, so they
 run on the *packed* tokens of the batch (T = sum of the lengths, no padding rows). Like
 sentence-transformers, the texts are sorted by length before batching, so a batch holds a few
-runs of equal-length texts; each run's q/k/v are ``(texts, heads, n, head_dim)`` strided views
-of the fused QKV projection and cyattn writes the context straight into the packed rows (no
-padding, no mask, no copy). A batch with more runs than a quarter of its texts is instead
-scattered into a padded ``(batch, L_max)`` buffer and attended in one call with per-text
-lengths; the context is gathered back to packed rows.
+runs of equal-length texts. A batch of one run attends on ``(texts, heads, n, head_dim)`` strided
+views of the fused QKV projection, and cyattn writes the context straight into the packed rows
+(no padding, no mask, no copy). A batch of several runs attends in one kernel call whose
+(text, head) tasks read q/k/v in place from the packed projection by offsets; its context is
+copied back to packed rows per text.
 
 Speed (1 thread). Each GEMM runs on all T tokens of the batch: GEMMs are fastest at large M
 (row blocks of 64-256 tokens, to keep the FFN activation in L2, made the dense layers 20-80%
@@ -38,16 +37,24 @@ packing per call): a one-text request multiplies a few rows by 42 MB of weights 
 memory, and packing them per call cost more than the products (1.3-1.5x faster GEMMs there).
 ``linear="numpy"`` switches back to NumPy's BLAS.
 
-Threads. With several batches and ``n_threads > 1``, that many batches run concurrently, each
-on one thread. One batch (a single request) is split across the threads instead: cyattn's
-kernels split attention over (text, head) pairs and the GEMMs over output tiles
-(``n_threads``), and the GELU and LayerNorm row passes over rows.
+Threads (the plan; ``python -m cyattn info --plan`` prints it for a call shape). ``encode``
+runs ``lanes = min(n_threads, batches)`` batches at once, longest first, and shares the
+threads among the lanes still running (:class:`_ThreadShares`): each lane's kernels get
+``n_threads // lanes`` threads (the first lanes, with the longest batches, one more where they
+do not divide evenly), and when a lane finds no batch left, its threads go to the lanes still
+running at their next kernel. So batches run concurrently while there are enough of them,
+and the threads then work inside the batches left (attention over (text, head) tasks, the
+GEMMs over finer output tiles, GELU and LayerNorm over rows): 13 batches on 16 threads leave
+no thread idle, and one 256-token batch beside two short ones is not left to one thread. One
+batch (a request) has all the threads. The bits do not depend on any of it: each kernel's
+result does not depend on its thread count, and the batches are the same.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
+import functools
 import json
+import math
 import os
 import threading
 import time
@@ -57,7 +64,7 @@ import numpy as np
 
 import cyattn
 
-from .. import _backend
+from .. import _backend, _validate
 from ..matmul import _PackedB, _matmul_packed
 
 __all__ = ["Encoder", "check_model_folder", "default_model_dir", "gelu_"]
@@ -440,7 +447,12 @@ class Encoder:
         return self._forward(ids, n_threads, timings, _Workspace(), normalize)
 
     def _forward(self, ids, n_threads, timings, work, normalize=True):
-        """:meth:`forward` with its buffers taken from ``work`` (one thread's workspace)."""
+        """:meth:`forward` with its buffers taken from ``work`` (one thread's workspace).
+
+        ``n_threads`` is an int, or a callable returning the threads of this lane of
+        :meth:`encode`'s plan, asked again before each kernel (a lane gets more threads as
+        the others finish; the bits never depend on it)."""
+        threads = n_threads if callable(n_threads) else (lambda: n_threads)
         clock = _Clock(timings)
         B = len(ids)
         lengths = np.fromiter((len(t) for t in ids), dtype=np.int64, count=B)
@@ -449,44 +461,49 @@ class Encoder:
         H, D, E, F = self.heads, self.head_dim, self.hidden, self.intermediate
         starts = np.zeros(B, np.int64)
         np.cumsum(lengths[:-1], out=starts[1:])
-        spans = [(int(s), int(s + n), int(n)) for s, n in zip(starts, lengths)]
         tokens = np.fromiter((t for seq in ids for t in seq), dtype=np.int64, count=T)
         pos = np.arange(T, dtype=np.int64) - np.repeat(starts, lengths)
         # Attention layout. Consecutive texts of equal length (the sorted batches of encode())
-        # form runs; each run is one cyattn call on (G, H, n, D) strided views of the packed
-        # projection, without padding, mask or copies. When the texts have many distinct
-        # lengths (more runs than B / 4), one padded call with per-text lengths is used
-        # instead (one call per text would pay cyattn's per-call cost B times).
+        # form runs. A batch of one run (or of texts of at most _SHORT_RUN tokens) is one
+        # cyattn call per run on (G, H, n, D) strided views of the packed projection, without
+        # lengths, mask or copies. A batch of several runs is one kernel call over all its
+        # (text, head) pairs ("ragged"): q, k and v are read in place from the packed
+        # projection by per-pair offsets, each text's length is its key and query length (keys
+        # past it are never read, rows past it are not computed), and the context goes to a
+        # (B, L, H, D) buffer, copied back to the packed rows per text. One call keeps all
+        # B x H tasks in one team (one call per run had G x H tasks each, too few to split:
+        # the 7 runs of a 32-text request ran on one thread each), and nothing is copied in
+        # (the padded layout it replaced copied every text's rows in and out, per layer).
         run_starts = [0] + [i for i in range(1, B) if lengths[i] != lengths[i - 1]]
-        padded = len(run_starts) > max(1, B // 4) and L > _SHORT_RUN
+        ragged = len(run_starts) > 1 and L > _SHORT_RUN
 
         # Buffers. x: hidden state of the packed tokens (no padding rows); qkv, ffn_mid, ctx,
         # proj: outputs of the QKV projection, the FFN's first layer, attention, and the
-        # output projection or the FFN's second layer. With padding, qkv is copied per text
-        # into qkv_pad (padding rows zero) that attention reads; attention writes ctx_pad
-        # (B, H, L, D), copied back per text.
+        # output projection or the FFN's second layer. ctx_pad, lse: the ragged call's context
+        # (B * L rows) and its per-row scratch.
         x = work.take("x", (T, E))
         qkv = work.take("qkv", (T, 3 * E))
         ffn_mid = work.take("ffn_mid", (T, F))
         ctx = work.take("ctx", (T, E))
         proj = work.take("proj", (T, E))
-        if padded:
-            # each text's length as cyattn's key_lengths and query_lengths, shape (B, 1)
-            # broadcast over heads: padded keys take no part and their blocks are never read,
-            # as under a key-padding mask, and padded query rows are not computed
-            seq_lengths = lengths[:, None]
-            qkv_pad = work.take("qkv_pad", (B, L, 3 * E))
-            for b, (_, _, n) in enumerate(spans):
-                qkv_pad[b, n:] = 0.0
-            heads = qkv_pad.reshape(B, L, 3, H, D)
-            # contiguous (B, H, L, D): cyattn writes it faster than a strided view, and the
-            # per-text copy back has to reorder anyway
-            ctx_pad = work.take("ctx_pad", (B, H, L, D))
-            # (B, H, L, D) strided views of the padded projection; cyattn reads them in place
-            attention_calls = [(*(heads[:, :, i].transpose(0, 2, 1, 3) for i in range(3)),
-                                seq_lengths, ctx_pad)]
+        attention_calls = []
+        if ragged:
+            text = np.repeat(np.arange(B, dtype=np.int64), H)        # pair -> text
+            head_col = np.tile(np.arange(H, dtype=np.int64) * D, B)   # pair -> head's column
+            q_off = starts[text] * (3 * E) + head_col
+            ragged_call = (q_off, q_off + E, q_off + 2 * E, text * (L * E) + head_col,
+                           np.ascontiguousarray(lengths[text]))
+            ctx_pad = work.take("ctx_pad", (B * L, E))
+            lse = work.take("lse", (B * H, L))
+            # each text's rows: (packed start, end, padded start, end); per-text slice copies
+            # took half the time of one np.take over all rows (44 vs 100 us, 32 texts of 25-60)
+            gather = [(int(s), int(s + n), b * L, b * L + int(n))
+                      for b, (s, n) in enumerate(zip(starts, lengths))]
+            # the kernel's work, as attention's own thread cap counts it (real lengths only)
+            attn_work = H * int((lengths * lengths).sum()) * (2 * D + 8)
+            scale = 1.0 / math.sqrt(D)
+            no_mask = np.zeros(1, np.int64)
         else:
-            attention_calls = []
             for r, b in enumerate(run_starts):
                 n = int(lengths[b])
                 rows = slice(int(starts[b]),
@@ -497,7 +514,7 @@ class Encoder:
                 # texts of <= _SHORT_RUN tokens: one call each (see _SHORT_RUN)
                 step = 1 if n <= _SHORT_RUN else out_view.shape[0]
                 for g in range(0, out_view.shape[0], step):
-                    attention_calls.append((*(a[g:g + step] for a in q_k_v), None,
+                    attention_calls.append((*(a[g:g + step] for a in q_k_v),
                                             out_view[g:g + step]))
         # GEMMs run on all T tokens at once: BLAS is fastest at large M (row blocks of 256,
         # 128 and 64 tokens made the dense layers 20%, 45% and 80% slower: the weights are
@@ -512,7 +529,7 @@ class Encoder:
             """out = a @ w_t (+ bias when fused; otherwise the caller adds it)."""
             if fused:
                 out[...] = bias
-                _matmul_packed(a, w_t, out, n_threads)
+                _matmul_packed(a, w_t, out, threads())
             else:
                 np.matmul(a, w_t, out=out)
             clock("linear")
@@ -521,7 +538,7 @@ class Encoder:
             """proj = a @ w_t, or, fused, x += a @ w_t + bias."""
             if fused:
                 np.add(x, bias, out=x)
-                _matmul_packed(a, w_t, x, n_threads)
+                _matmul_packed(a, w_t, x, threads())
             else:
                 np.matmul(a, w_t, out=proj)
             clock("linear")
@@ -531,7 +548,7 @@ class Encoder:
             if add:
                 np.add(proj, bias, out=proj)
                 np.add(x, proj, out=x)
-            kernels.layer_norm_rows(x, ln[0], ln[1], eps, n_threads)
+            kernels.layer_norm_rows(x, ln[0], ln[1], eps, threads())
             clock("layernorm")
 
         # embeddings: word + (position + token type 0), then LayerNorm
@@ -542,29 +559,29 @@ class Encoder:
 
         for lay in self.layers:
             dense(x, lay["qkv_wT"], lay["qkv_b"], qkv)
-            if padded:                     # copy per text, adding the bias on the way
-                qkv_b = lay["qkv_b"]
-                for b, (s0, s1, n) in enumerate(spans):
-                    if fused:
-                        qkv_pad[b, :n] = qkv[s0:s1]
-                    else:
-                        np.add(qkv[s0:s1], qkv_b, out=qkv_pad[b, :n])
-            elif not fused:
+            if not fused:
                 qkv += lay["qkv_b"]
             clock("other")
-            for q, k, v, seq_lengths, out in attention_calls:
-                cyattn.scaled_dot_product_attention(q, k, v, out=out, n_threads=n_threads,
-                                                    key_lengths=seq_lengths,
-                                                    query_lengths=seq_lengths)
-            clock("attention")
-            if padded:
-                for b, (s0, s1, n) in enumerate(spans):
-                    ctx[s0:s1].reshape(n, H, D)[...] = ctx_pad[b, :, :n].transpose(1, 0, 2)
-            clock("other")
+            if ragged:
+                q_off, k_off, v_off, o_off, seq = ragged_call
+                kernels.attention(qkv, q_off, 3 * E, 1, qkv, k_off, 3 * E, 1, qkv, v_off,
+                                  3 * E, 1, None, 0, no_mask, 0, 0, ctx_pad, lse, L, L, D, D,
+                                  scale, False, False, False,
+                                  _validate.threads_for_work(threads(), attn_work, 1 << 18),
+                                  -1, -1, 0.0, seq,
+                                  seq, None, None, o_off=o_off, o_rs=E)
+                clock("attention")
+                for s0, s1, p0, p1 in gather:
+                    ctx[s0:s1] = ctx_pad[p0:p1]
+                clock("other")
+            else:
+                for q, k, v, out in attention_calls:
+                    cyattn.scaled_dot_product_attention(q, k, v, out=out, n_threads=threads())
+                clock("attention")
             dense_residual(ctx, lay["out_wT"], lay["out_b"])
             norm_rows(lay["out_b"], lay["ln1"], not fused)
             dense(x, lay["ff1_wT"], lay["ff1_b"], ffn_mid)
-            kernels.gelu_rows(ffn_mid, None if fused else lay["ff1_b"], _GELU_P, n_threads)
+            kernels.gelu_rows(ffn_mid, None if fused else lay["ff1_b"], _GELU_P, threads())
             clock("gelu")
             dense_residual(ffn_mid, lay["ff2_wT"], lay["ff2_b"])
             norm_rows(lay["ff2_b"], lay["ln2"], not fused)
@@ -610,15 +627,16 @@ class Encoder:
             own choice is :attr:`normalize`).
         n_threads : int, optional
             Threads for this call; None: cyattn's default
-            (``cyattn.config()["default_threads"]``). With several batches, that many batches
-            run concurrently, one thread each; a single batch is split across the threads
-            (attention over heads and the GEMMs over output tiles in cyattn's kernels, GELU and
-            LayerNorm over row blocks). The result is the same bits for every thread count.
+            (``cyattn.config()["default_threads"]``). With several batches, up to that many
+            run at once (longest first), sharing the threads; as fewer batches are left, the
+            threads move inside them (attention over (text, head) tasks, the GEMMs over output
+            tiles, GELU and LayerNorm over rows). A single batch has all the threads. The
+            result is the same bits for every thread count (see the module's Threads note).
         progress : bool
             Show a progress bar (tqdm, on stderr) when tqdm is installed; without it, none.
         timings : dict, optional
             If given, seconds per stage are added to it ("tokenize", "linear", "attention",
-            "gelu", "layernorm", "other"; with concurrent batches, summed over threads).
+            "gelu", "layernorm", "other"; with concurrent batches, summed over the lanes).
 
         Returns
         -------
@@ -652,23 +670,14 @@ class Encoder:
         clock("tokenize")
         bar = _progress_bar(len(texts)) if progress else None
         try:
-            if n_threads > 1 and len(batches) > 1:
-                local = threading.local()          # one workspace per worker, for this call
-
-                def run(idx):
-                    work = getattr(local, "work", None)
-                    if work is None:
-                        work = local.work = _Workspace()
-                    return self._forward([ids[i] for i in idx], 1, timings, work, normalize)
-                # NumPy's BLAS (linear="numpy" only) is held to one thread meanwhile
+            lanes = min(n_threads, len(batches))
+            if lanes > 1:
+                # NumPy's BLAS (linear="numpy" only) is held to one thread meanwhile: its
+                # threads are process-wide and cannot follow the lanes' shares
                 limit = _blas_threads(1) if self.linear == "numpy" else contextlib.nullcontext()
-                # longest batches first: workers pick them up in that order (LPT balance)
-                with limit, concurrent.futures.ThreadPoolExecutor(
-                        min(n_threads, len(batches))) as pool:
-                    for idx, vectors in zip(batches, pool.map(run, batches)):
-                        out[idx] = vectors
-                        if bar is not None:
-                            bar.update(len(idx))
+                with limit:
+                    self._encode_lanes(ids, batches, out, lanes, n_threads, timings,
+                                       normalize, bar)
             else:
                 work = _Workspace()
                 for idx in batches:
@@ -681,6 +690,80 @@ class Encoder:
                 bar.close()
         return out
 
+
+    def _encode_lanes(self, ids, batches, out, lanes, n_threads, timings, normalize, bar):
+        """:meth:`encode`'s plan for several batches: ``lanes`` of them at once, sharing
+        ``n_threads`` (see :class:`_ThreadShares`); rows of ``out`` filled in place.
+
+        Lane i starts with batch i (batches come longest first, and the lanes that start
+        first get the extra threads when they do not divide evenly); then each lane takes the
+        next batch left, longest first, and leaves when none is; the lanes still running
+        take its threads at their next kernel. The calling thread runs lane 0."""
+        shares = _ThreadShares(n_threads, lanes)
+        lock = threading.Lock()
+        queue = iter(batches[lanes:])
+        errors = []
+        lane_timings = [{} if timings is not None else None for _ in range(lanes)]
+
+        def lane(i):
+            work = _Workspace()                # this lane's buffers, reused batch to batch
+            share = functools.partial(shares.threads, i)
+            idx = batches[i]
+            try:
+                while idx is not None and not errors:
+                    out[idx] = self._forward([ids[j] for j in idx], share, lane_timings[i],
+                                             work, normalize)
+                    with lock:
+                        if bar is not None:
+                            bar.update(len(idx))
+                        idx = next(queue, None)
+            except BaseException as exc:       # re-raised in the calling thread
+                errors.append(exc)
+            finally:
+                shares.leave(i)
+
+        workers = [threading.Thread(target=lane, args=(i,), daemon=True,
+                                    name=f"cyattn-encode-lane-{i}") for i in range(1, lanes)]
+        for w in workers:
+            w.start()
+        lane(0)
+        for w in workers:
+            w.join()
+        if timings is not None:
+            for part in lane_timings:
+                for stage, sec in part.items():
+                    timings[stage] = timings.get(stage, 0.0) + sec
+        if errors:
+            raise errors[0]
+
+
+class _ThreadShares:
+    """The threads of one :meth:`Encoder.encode` call, shared among its lanes still running.
+
+    With ``k`` lanes running, the lane of rank r among them (lanes in start order) has
+    ``n_threads // k`` threads, one more if ``r < n_threads % k``. A lane asks before each
+    kernel; when a lane leaves, the others' shares grow (never shrink), so the threads in use
+    never exceed ``n_threads``, and the last lane running has them all. Per call, not global:
+    each call has its own.
+    """
+
+    __slots__ = ("n_threads", "running", "lock")
+
+    def __init__(self, n_threads, lanes):
+        self.n_threads = n_threads
+        self.running = tuple(range(lanes))     # replaced, never mutated: read without lock
+        self.lock = threading.Lock()
+
+    def threads(self, lane):
+        """The threads lane ``lane`` may use now."""
+        running = self.running
+        q, extra = divmod(self.n_threads, len(running))
+        return q + (running.index(lane) < extra)
+
+    def leave(self, lane):
+        """Lane ``lane`` has no batch left; its threads go to the others."""
+        with self.lock:
+            self.running = tuple(r for r in self.running if r != lane)
 
 def _check_texts(texts):
     """``texts`` as a list of str (a str is one text); TypeError naming the first bad item."""
