@@ -9,7 +9,7 @@ from . import _validate as V
 __all__ = ["scaled_dot_product_attention"]
 
 _FNAME = "cyattn.scaled_dot_product_attention"
-_DECODE_MAX_L = 4        # the kernels' DECODE_MAX_L: at most this many query rows may decode
+_DECODE_MAX_L = 16       # the kernels' DECODE_MAX_L: at most this many query rows may decode
 _ndarray = np.ndarray
 _empty = np.empty
 _FLOAT32, _BOOL, _UINT16 = np.dtype(np.float32), np.dtype(np.bool_), np.dtype(np.uint16)
