@@ -9,12 +9,14 @@
 #   before. The choice depends on shapes and offsets only, never on the thread count.
 # * Tasks are (group, block of heads, chunk of keys). A task's rows are the L query rows of
 #   each of its heads (at most GDECODE_MAX_ROWS: a group of more rows is split into blocks of
-#   whole heads), packed into a per-thread buffer so that each key row and value row of the
-#   chunk is loaded from memory once for all of them: the key pass (cyattn_dot_rows) takes
-#   every row against each group of 4 keys while they sit in L1; the value pass
-#   (cyattn_wsum_rows) takes the rows 4 at a time, the first block streaming the chunk's
-#   value rows from memory (with prefetch), the others finding them in L2 (a chunk of 512
-#   value rows of 128 float32 elements is 256 KiB).
+#   whole heads), packed into a per-thread buffer, and each key row and value row of the chunk
+#   is loaded from memory once for all of them: the key pass and the value pass walk the
+#   chunk in blocks of GDECODE_WIDEN rows (16 KiB of float32 at E = 128, in L1), 16-bit rows
+#   widened to float32 into a per-thread block first (once, not once per query row), with
+#   software prefetch DECODE_PF_BYTES ahead as in decode_chunk. The float32 passes are the C
+#   helpers of _cyattn_decode_rows.h (cyattn_gdot_f32: two rows x four keys per step;
+#   cyattn_gwsum_f32: three rows x 128 accumulator elements in registers), which give the
+#   bits of cyattn_dot_rows / cyattn_wsum_rows; float64 uses the Cython loops.
 # * Each row keeps its own head's limits (causal, window, lengths), mask, softcap, ALiBi
 #   slope and sink: the keys of a chunk visited are the union of the rows' ranges, and each
 #   row removes the keys it may not see as decode_chunk does. Every row's arithmetic is that
@@ -29,12 +31,29 @@
 #   over one chunk and their accumulators (O(rows x (E + chunk + Ev))), the partials
 #   O(batch x chunks x L x Ev).
 
+cdef extern from "_cyattn_decode_rows.h":
+    ctypedef struct cyattn_pf_stream:
+        const void* k
+        Py_ssize_t ks, rows, n
+        const void* v
+        Py_ssize_t vs, nv, esz, start
+    void cyattn_pf_step(const cyattn_pf_stream* pf, Py_ssize_t j) noexcept nogil
+    void cyattn_gdot_f32(float* scores, Py_ssize_t ss, const float* q, Py_ssize_t qs,
+                         Py_ssize_t nq,
+                         const float* k, Py_ssize_t rows, Py_ssize_t ks, Py_ssize_t n,
+                         float scale, const cyattn_pf_stream* pf) noexcept nogil
+    void cyattn_gwsum_f32(float* acc, Py_ssize_t acc_stride, const float* w, Py_ssize_t ws,
+                          Py_ssize_t nq, const float* v, Py_ssize_t rows, Py_ssize_t vs,
+                          Py_ssize_t n, const cyattn_pf_stream* pf) noexcept nogil
+
+
 cdef enum:
     DECODE_UNGROUPED_MAX_L = 4   # g = 1 with at most this many rows: decode_attention
     GDECODE_MAX_ROWS = 64        # query rows (heads x L) per grouped task
     GDECODE_CHUNK = 512          # keys per grouped task ...
     GDECODE_MIN_CHUNK = 128      # ... halved down to this while there are fewer tasks than
     GDECODE_MIN_TASKS = 256      # this (enough for 64 threads at 4 tasks each)
+    GDECODE_WIDEN = 32           # 16-bit K/V rows widened to float32 at a time (in L1)
 
 
 cdef Py_ssize_t decode_group_size(const int64_t* k_off, const int64_t* v_off,
@@ -71,7 +90,7 @@ cdef void gdecode_task(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
                        Py_ssize_t L, Py_ssize_t S, Py_ssize_t E, Py_ssize_t Ev, floating scale,
                        const AttnVariant* var, Py_ssize_t b0, Py_ssize_t nh,
                        Py_ssize_t j0, Py_ssize_t j1, Py_ssize_t cix, Py_ssize_t chunks,
-                       floating* qbuf, floating* scores, floating* accs,
+                       floating* qbuf, floating* scores, floating* accs, float* kvbuf,
                        floating* parts) noexcept nogil:
     """Task: heads b0 .. b0+nh-1 (batch entries of one K/V matrix), keys j0 .. j1.
 
@@ -81,7 +100,7 @@ cdef void gdecode_task(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
     cdef RowLimits lims[GDECODE_MAX_ROWS]
     cdef Py_ssize_t row_head[GDECODE_MAX_ROWS]   # packed row -> head index (0 .. nh-1)
     cdef Py_ssize_t row_q[GDECODE_MAX_ROWS]      # packed row -> query row
-    cdef Py_ssize_t h, r, p, n, j, e, lo, hi, ka = -1, kz = 0, kb, mo, live, nq
+    cdef Py_ssize_t h, r, p, n, j, e, lo, hi, ka = -1, kz = 0, kb, mo, live, nq, jb, nb, pf
     cdef Py_ssize_t esz = 2 if kv_fmt != 0 else <Py_ssize_t>sizeof(floating)
     cdef floating floor_ = SHIFT_FLOOR_F32 if floating is float else SHIFT_FLOOR_F64
     cdef floating neg_inf = <floating>-CYATTN_INF
@@ -97,6 +116,7 @@ cdef void gdecode_task(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
     cdef const floating* k_rows[4]
     cdef floating dots[4]
     cdef Py_ssize_t stride = L * (Ev + 2)
+    cdef cyattn_pf_stream pfs
     # the rows that may see a key of this chunk, packed; the others get an empty state
     n = 0
     for h in range(nh):
@@ -130,8 +150,31 @@ cdef void gdecode_task(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
     vc = <const char*>v + (v_off[b0] + ka * v_rs) * esz
     # key pass: scores[p * kb + j] = scale * q_p . k_{ka + j}
     if floating is float:
-        cyattn_dot_rows(scores, kb, qbuf, E, n, kc, kb, k_rs, E, kv_fmt, scale, vc, v_rs, Ev,
-                        DECODE_PF_BYTES)
+        # blocks of GDECODE_WIDEN keys (16-bit ones widened into L1 first, once for all the
+        # rows), prefetching DECODE_PF_BYTES ahead (then the first value rows) as they go
+        pfs.k = kc
+        pfs.ks = k_rs
+        pfs.rows = kb
+        pfs.n = E
+        pfs.v = vc
+        pfs.vs = v_rs
+        pfs.nv = Ev
+        pfs.esz = esz
+        pf = (DECODE_PF_BYTES // esz) // (E if E > 0 else 1) + 1
+        jb = 0
+        while jb < kb:
+            nb = kb - jb if kb - jb < GDECODE_WIDEN else GDECODE_WIDEN
+            pfs.start = jb + pf
+            if kv_fmt != 0:
+                for j in range(nb):
+                    cyattn_pf_step(&pfs, j)
+                    cyattn_half_to_float(<const uint16_t*>kc + (jb + j) * k_rs, kvbuf + j * E,
+                                         E, kv_fmt)
+                cyattn_gdot_f32(scores + jb, kb, qbuf, E, n, kvbuf, nb, E, E, scale, NULL)
+            else:
+                cyattn_gdot_f32(scores + jb, kb, qbuf, E, n, <const float*>kc + jb * k_rs,
+                                nb, k_rs, E, scale, &pfs)
+            jb += nb
     else:
         j = 0
         while j + 4 <= kb:
@@ -178,12 +221,28 @@ cdef void gdecode_task(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
             accs[p * Ev + e] = 0
     # value pass: accs[p] += sum_j scores[p, j] * v_{ka + j}, in key order, zero weights skipped
     if floating is float:
-        p = 0
-        while p < n:
-            nq = n - p if n - p < 4 else 4
-            cyattn_wsum_rows(accs + p * Ev, Ev, scores + p * kb, kb, nq, vc, kb, v_rs, Ev,
-                             kv_fmt, DECODE_PF_BYTES if p == 0 else 0)
-            p += 4
+        # blocks of GDECODE_WIDEN value rows (in L1 for all the rows; 16-bit ones widened first)
+        pfs.k = vc
+        pfs.ks = v_rs
+        pfs.rows = kb
+        pfs.n = Ev
+        pfs.v = NULL
+        pfs.nv = 0
+        pf = (DECODE_PF_BYTES // esz) // (Ev if Ev > 0 else 1) + 1
+        jb = 0
+        while jb < kb:
+            nb = kb - jb if kb - jb < GDECODE_WIDEN else GDECODE_WIDEN
+            pfs.start = jb + pf
+            if kv_fmt != 0:
+                for j in range(nb):
+                    cyattn_pf_step(&pfs, j)
+                    cyattn_half_to_float(<const uint16_t*>vc + (jb + j) * v_rs, kvbuf + j * Ev,
+                                         Ev, kv_fmt)
+                cyattn_gwsum_f32(accs, Ev, scores + jb, kb, n, kvbuf, nb, Ev, Ev, NULL)
+            else:
+                cyattn_gwsum_f32(accs, Ev, scores + jb, kb, n, <const float*>vc + jb * v_rs, nb,
+                                 v_rs, Ev, &pfs)
+            jb += nb
     else:
         for j in range(kb):
             v_row = <const floating*>vc + j * v_rs
@@ -222,6 +281,7 @@ cdef void decode_grouped(const floating* q, const int64_t* q_off, Py_ssize_t q_r
     cdef floating* qbuf
     cdef floating* scores
     cdef floating* accs
+    cdef float* kvbuf
     cdef void* raw
     cdef int done
     hg = 1 if hg < 1 else (g if hg > g else hg)
@@ -260,16 +320,20 @@ cdef void decode_grouped(const floating* q, const int64_t* q_off, Py_ssize_t q_r
         if n_threads > ntasks:
             n_threads = <int>ntasks
         with parallel(num_threads=n_threads):
-            raw = malloc(<size_t>(rows * (E + chunk + Ev)) * sizeof(floating) + 3 * ALIGN)
+            raw = malloc(<size_t>(rows * (E + chunk + Ev)) * sizeof(floating)
+                         + <size_t>(GDECODE_WIDEN * (E if E > Ev else Ev)) * sizeof(float)
+                         + 4 * ALIGN)
             qbuf = NULL
             scores = NULL
             accs = NULL
+            kvbuf = NULL
             if raw == NULL:
                 status[0] = 1
             else:
                 scores = <floating*>align_ptr(raw)
                 qbuf = <floating*>align_ptr(<void*>(scores + rows * chunk))
                 accs = <floating*>align_ptr(<void*>(qbuf + rows * E))
+                kvbuf = <float*>align_ptr(<void*>(accs + rows * Ev))
             for t in prange(ntasks, schedule='static'):
                 if raw != NULL:
                     gi = t // (nhb * chunks)
@@ -282,7 +346,7 @@ cdef void decode_grouped(const floating* q, const int64_t* q_off, Py_ssize_t q_r
                     gdecode_task(q, q_off, q_rs, k, k_off, k_rs, v, v_off, v_rs, kv_fmt,
                                  bmask, amask, m_off, m_rs, m_cs, L, S, E, Ev, scale, var,
                                  b0, nh, j0, j1 if j1 < S else S, c - c_beg, chunks,
-                                 qbuf, scores, accs, parts)
+                                 qbuf, scores, accs, kvbuf, parts)
             free(raw)
     if status[0]:
         free(parts)
