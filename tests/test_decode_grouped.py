@@ -240,3 +240,31 @@ def test_decode_makes_no_copy_of_k_or_v(dtype, L):
     finally:
         tracemalloc.stop()
     assert peak < k.nbytes // 8, peak
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32)] + DTYPES[3:], ids=str)
+@pytest.mark.parametrize("E_,Ev", [(128, 128), (40, 72), (96, 24), (33, 17), (160, 144)])
+def test_head_sizes_and_row_blocks(variant, dtype, E_, Ev):
+    """Head sizes on and off the vector widths (the key pass's 32-element steps and tail, the
+    value pass's 128/64/32/16-element sweeps and tail), row counts that leave odd rows (two
+    rows per key step, three per value step), against the float64 NumPy reference; 16-bit
+    K/V give the float32 call's bits."""
+    from conftest import numpy_sdpa
+    rng = np.random.default_rng(E_ * 1000 + Ev)
+    for g, L in ((3, 1), (8, 1), (3, 5), (2, 16), (5, 3)):
+        q = rng.standard_normal((2, 2 * g, L, E_)).astype(dtype)
+        k = rng.standard_normal((2, 2, 1100, E_)).astype(dtype)
+        v = rng.standard_normal((2, 2, 1100, Ev)).astype(dtype)
+        kw = dict(enable_gqa=True, is_causal=True, causal_alignment="bottom_right",
+                  return_lse=True)
+        got = [cyattn.scaled_dot_product_attention(q, k, v, n_threads=n, **kw) for n in (1, 3)]
+        assert np.array_equal(_bits(got[0][0]), _bits(got[1][0]))
+        if dtype.itemsize == 2:
+            ref = cyattn.scaled_dot_product_attention(
+                *(a.astype(np.float32) for a in (q, k, v)), **kw)
+            assert np.array_equal(_bits(got[0][0]), _bits(ref[0].astype(dtype)))
+            continue
+        want = numpy_sdpa(q, k, v, is_causal=True, causal_alignment="bottom_right",
+                          enable_gqa=True)
+        assert_close(got[0][0], want[0], dtype, 1100 + E_, err_msg=f"g={g} L={L}")
+        assert_close(got[0][1], want[1], dtype, 1100 + E_, err_msg=f"g={g} L={L}")

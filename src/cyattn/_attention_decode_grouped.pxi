@@ -161,6 +161,8 @@ cdef void gdecode_task(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
         pfs.nv = Ev
         pfs.esz = esz
         pf = (DECODE_PF_BYTES // esz) // (E if E > 0 else 1) + 1
+        if kv_fmt != 0 and pf < GDECODE_WIDEN:
+            pf = GDECODE_WIDEN      # a block is widened at once: prefetch the next whole block
         jb = 0
         while jb < kb:
             nb = kb - jb if kb - jb < GDECODE_WIDEN else GDECODE_WIDEN
@@ -229,6 +231,8 @@ cdef void gdecode_task(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
         pfs.v = NULL
         pfs.nv = 0
         pf = (DECODE_PF_BYTES // esz) // (Ev if Ev > 0 else 1) + 1
+        if kv_fmt != 0 and pf < GDECODE_WIDEN:
+            pf = GDECODE_WIDEN      # a block is widened at once: prefetch the next whole block
         jb = 0
         while jb < kb:
             nb = kb - jb if kb - jb < GDECODE_WIDEN else GDECODE_WIDEN
