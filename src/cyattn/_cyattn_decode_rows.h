@@ -142,9 +142,21 @@ CYATTN_INLINE void cyattn_gwsum_rows3(float* acc, ptrdiff_t as, const float* w, 
     int r;
     for (; e0 + 128 <= n; e0 += 128, pf = NULL)
         cyattn_gwsum_block(acc, as, w, ws, nq, 8, v, rows, vs, e0, pf);
-    if (e0 + 64 <= n) { cyattn_gwsum_block(acc, as, w, ws, nq, 4, v, rows, vs, e0, pf); e0 += 64; pf = NULL; }
-    if (e0 + 32 <= n) { cyattn_gwsum_block(acc, as, w, ws, nq, 2, v, rows, vs, e0, pf); e0 += 32; pf = NULL; }
-    if (e0 + 16 <= n) { cyattn_gwsum_block(acc, as, w, ws, nq, 1, v, rows, vs, e0, pf); e0 += 16; pf = NULL; }
+    if (e0 + 64 <= n) {
+        cyattn_gwsum_block(acc, as, w, ws, nq, 4, v, rows, vs, e0, pf);
+        e0 += 64;
+        pf = NULL;
+    }
+    if (e0 + 32 <= n) {
+        cyattn_gwsum_block(acc, as, w, ws, nq, 2, v, rows, vs, e0, pf);
+        e0 += 32;
+        pf = NULL;
+    }
+    if (e0 + 16 <= n) {
+        cyattn_gwsum_block(acc, as, w, ws, nq, 1, v, rows, vs, e0, pf);
+        e0 += 16;
+        pf = NULL;
+    }
     for (j = 0; j < rows; j++) {
         if (pf != NULL)
             cyattn_pf_step(pf, j);

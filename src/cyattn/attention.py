@@ -217,7 +217,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     verification; unless the whole problem is tiny) the keys are split into fixed chunks of
     128-512 (by shape, never by thread count) processed in parallel and merged in order, and
     the query heads that share a key/value head (``enable_gqa``, or key and value broadcast
-    over heads) run together, so each key and value row is read from memory once per group. Rows whose result is not finite are recomputed by a two-pass method
+    over heads) run together, so each key and value row is read from memory once per group.
+    Rows whose result is not finite are recomputed by a two-pass method
     (scores of the row materialised, weights normalised before they multiply ``value``), which
     gives the results described above and keeps a weighted sum of huge finite values from
     overflowing.
