@@ -19,7 +19,8 @@ from conftest import BFLOAT16_TOLERANCE, assert_close, grid_values, oracle_sdpa_
 import cyattn
 
 DECODE_MAX_L = 16          # the kernels' DECODE_MAX_L
-DECODE_MIN_WORK = 1024     # decode when batch * S * (E + Ev) >= L * this
+DECODE_MIN_WORK = 1024     # decode when batch * S * (E + Ev) >= L * this (and, for L > 4,
+#                            S >= 16 L)
 
 
 def _dtypes():
@@ -110,7 +111,8 @@ def _oracle(case, option):
 
 
 def _takes_decode(B, Hkv, g, L, S):
-    return L <= DECODE_MAX_L and B * Hkv * g * S * (E + EV) >= L * DECODE_MIN_WORK
+    return (L <= DECODE_MAX_L and (L <= 4 or S >= 16 * L)
+            and B * Hkv * g * S * (E + EV) >= L * DECODE_MIN_WORK)
 
 
 def _call(q, k, v, kw, dtype, n_threads):

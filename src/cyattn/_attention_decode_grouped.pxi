@@ -6,7 +6,8 @@
 #   consecutive entries with the same K and V matrix (query heads of one GQA group, or any K/V
 #   broadcast over heads) form a group; with g > 1, or with more than DECODE_UNGROUPED_MAX_L
 #   query rows, the grouped path below runs, else decode_attention (_attention_decode.pxi) as
-#   before. The choice depends on shapes and offsets only, never on the thread count.
+#   before. The choice depends on shapes and offsets only, never on the thread count. More
+#   than DECODE_UNGROUPED_MAX_L rows decode only against S >= 16 L keys (decode_rows_fit).
 # * Tasks are (group, block of heads, chunk of keys). A task's rows are the L query rows of
 #   each of its heads (at most GDECODE_MAX_ROWS: a group of more rows is split into blocks of
 #   whole heads), packed into a per-thread buffer, and each key row and value row of the chunk
@@ -49,11 +50,21 @@ cdef extern from "_cyattn_decode_rows.h":
 
 cdef enum:
     DECODE_UNGROUPED_MAX_L = 4   # g = 1 with at most this many rows: decode_attention
+    GDECODE_KEYS_PER_ROW = 16    # more than 4 rows decode against at least 16 keys per row
     GDECODE_MAX_ROWS = 64        # query rows (heads x L) per grouped task
     GDECODE_CHUNK = 512          # keys per grouped task ...
     GDECODE_MIN_CHUNK = 128      # ... halved down to this while there are fewer tasks than
     GDECODE_MIN_TASKS = 256      # this (enough for 64 threads at 4 tasks each)
     GDECODE_WIDEN = 32           # 16-bit K/V rows widened to float32 at a time (in L1)
+
+
+cdef inline bint decode_rows_fit(Py_ssize_t L, Py_ssize_t S) noexcept nogil:
+    """Whether L query rows per head may take the decode path against S keys (the caller
+    also checks DECODE_MAX_L and the work): more than DECODE_UNGROUPED_MAX_L rows only
+    against at least GDECODE_KEYS_PER_ROW keys per row, i.e. a KV cache. A self-attention of
+    a few rows (a short text in cyattn.encoder, alone or padded in a batch) stays on the
+    fused path, so its bits do not depend on the batch it is in."""
+    return L <= DECODE_UNGROUPED_MAX_L or S >= L * GDECODE_KEYS_PER_ROW
 
 
 cdef Py_ssize_t decode_group_size(const int64_t* k_off, const int64_t* v_off,

@@ -45,7 +45,8 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
     # tasks each to even out; dense tasks all cost the same
     cdef Py_ssize_t per_thread = 8 if n_threads > 1 and (var.causal or var.has_right) else 2
     cdef Py_ssize_t tasks = batch * ((L + qg - 1) // qg)
-    cdef bint decode = (0 < L <= DECODE_MAX_L and batch * S * (E + Ev) >= L * DECODE_MIN_WORK
+    cdef bint decode = (0 < L <= DECODE_MAX_L and decode_rows_fit(L, S)
+                        and batch * S * (E + Ev) >= L * DECODE_MIN_WORK
                         and q_cs == 1 and k_cs == 1 and v_cs == 1)
     if half_redo == NULL:
         half_redo = &redo_local

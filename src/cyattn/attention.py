@@ -214,7 +214,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     thread whatever L and S are. Key blocks that ``is_causal`` or an all-False bool mask
     removes are skipped, and with ``is_causal`` each group of query rows stops at the last key
     it may see. With at most 16 query rows (decoding with a KV cache, speculative
-    verification; unless the whole problem is tiny) the keys are split into fixed chunks of
+    verification; more than 4 only against at least 16 keys per row, and unless the whole
+    problem is tiny) the keys are split into fixed chunks of
     128-512 (by shape, never by thread count) processed in parallel and merged in order, and
     the query heads that share a key/value head (``enable_gqa``, or key and value broadcast
     over heads) run together, so each key and value row is read from memory once per group.
