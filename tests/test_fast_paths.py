@@ -3,8 +3,8 @@
 * the fused online-softmax path over several key blocks (KB = 256 keys) and query groups
   (up to 1024 rows, 256 for heads with E + Ev > 256, fewer when the threads need more tasks), with
   causal block skipping in both alignments and bool-mask block skipping;
-* the decode path (L <= 4 unit-stride query rows unless the whole problem is tiny, the keys
-  split into fixed chunks of 512);
+* the decode path (L <= 16 unit-stride query rows unless the whole problem is tiny, the keys
+  split into fixed chunks of 512, 128-512 where GQA heads share a K/V head or L > 4);
 * the two-pass path that redoes rows whose fused result is not finite (huge finite values,
   NaN, inf), which must give the documented results and leave the other rows untouched.
 
@@ -49,7 +49,7 @@ def _check(q, k, v, mask=None, **kw):
 def test_fused_blocks_dense(variant, dtype, L, S):
     rng = np.random.default_rng(L * 1000 + S)
     q, k, v = _qkv(rng, 1, 2, L, S, 24, 40, dtype)
-    if L <= 4:                      # unit-stride rows would take the decode path
+    if L <= 16:                     # unit-stride rows would take the decode path
         q = np.asfortranarray(q)
     _check(q, k, v)
 

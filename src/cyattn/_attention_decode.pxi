@@ -2,7 +2,9 @@
 #
 # Design
 # ------
-# * decode (L <= DECODE_MAX_L unit-stride rows, unless the whole problem is tiny): tasks
+# * decode (L <= DECODE_MAX_L unit-stride rows, unless the whole problem is tiny; this file:
+#   at most DECODE_UNGROUPED_MAX_L rows and no two batch entries sharing K and V, else the
+#   grouped path of _attention_decode_grouped.pxi, which reuses decode_finish): tasks
 #   (batch entry, chunk of DECODE_CHUNK keys) stream their keys and values once and leave
 #   (max, sum, accumulator) per row; the partials are merged in chunk order. The chunking is
 #   fixed, so results do not depend on threads. Zero weights are skipped, so a masked inf/NaN

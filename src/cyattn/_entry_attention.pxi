@@ -45,7 +45,8 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
     # tasks each to even out; dense tasks all cost the same
     cdef Py_ssize_t per_thread = 8 if n_threads > 1 and (var.causal or var.has_right) else 2
     cdef Py_ssize_t tasks = batch * ((L + qg - 1) // qg)
-    cdef bint decode = (0 < L <= DECODE_MAX_L and batch * S * (E + Ev) >= L * DECODE_MIN_WORK
+    cdef bint decode = (0 < L <= DECODE_MAX_L and decode_rows_fit(L, S)
+                        and batch * S * (E + Ev) >= L * DECODE_MIN_WORK
                         and q_cs == 1 and k_cs == 1 and v_cs == 1)
     if half_redo == NULL:
         half_redo = &redo_local
@@ -63,13 +64,13 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
         n_threads = <int>(tasks if tasks > 0 else 1)
     if decode:
         if dbl:
-            decode_attention(<const double*>qp, q_off, q_rs, kp, k_off, k_rs, vp, v_off, v_rs, 0,
+            decode_dispatch(<const double*>qp, q_off, q_rs, kp, k_off, k_rs, vp, v_off, v_rs, 0,
                              <const uint8_t*>mp if mask_kind == 1 else NULL,
                              <const double*>mp if mask_kind == 2 else NULL,
                              mo, m_rs, m_cs, <double*>op, o_off, o_rs, <double*>lp,
                              batch, L, S, E, Ev, scale, var, n_threads, &status, half_redo)
         else:
-            decode_attention(<const float*>qp, q_off, q_rs, kp, k_off, k_rs, vp, v_off, v_rs,
+            decode_dispatch(<const float*>qp, q_off, q_rs, kp, k_off, k_rs, vp, v_off, v_rs,
                              kv_fmt, <const uint8_t*>mp if mask_kind == 1 else NULL,
                              <const float*>mp if mask_kind == 2 else NULL,
                              mo, m_rs, m_cs, <float*>op, o_off, o_rs, <float*>lp,

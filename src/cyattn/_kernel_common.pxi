@@ -95,7 +95,7 @@ cdef enum:
     #                   bigger groups pack them less often (+5-13 % dense, +5-15 % causal at
     #                   one thread); with a causal mask and several threads, halved until
     #                   each thread has 8 tasks, to keep the uneven work balanced
-    DECODE_MAX_L = 4  # at most this many query rows take the decode path ...
+    DECODE_MAX_L = 16  # at most this many query rows take the decode path (per head) ...
     DECODE_MIN_WORK = 1024  # ... when batch * S * (E + Ev) >= L * this: the fused path pads
     #                         its query tile to NR rows (up to 32x the work at L = 1) and is
     #                         2-4x slower; only for tiny problems is its lower fixed cost less

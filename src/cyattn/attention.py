@@ -9,7 +9,7 @@ from . import _validate as V
 __all__ = ["scaled_dot_product_attention"]
 
 _FNAME = "cyattn.scaled_dot_product_attention"
-_DECODE_MAX_L = 4        # the kernels' DECODE_MAX_L: at most this many query rows may decode
+_DECODE_MAX_L = 16       # the kernels' DECODE_MAX_L: at most this many query rows may decode
 _ndarray = np.ndarray
 _empty = np.empty
 _FLOAT32, _BOOL, _UINT16 = np.dtype(np.float32), np.dtype(np.bool_), np.dtype(np.uint16)
@@ -109,7 +109,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         float32 (returned in their dtype); mixed float dtypes promote with ``np.result_type``
         (bfloat16 with float16 gives float32). Half-precision inputs are read by the kernels
         as they are stored, each element widened exactly to float32 as it is loaded (no
-        float32 copy of an input; with at most 4 query rows the query is copied to float32),
+        float32 copy of an input; with at most 16 query rows the query is copied to float32),
         so a half call gives the float32 call on the same values, rounded once. A call with
         a non-finite row is computed again on float32 copies.
     attn_mask : array_like of bool or float, optional
@@ -198,7 +198,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         shape. A call that raises leaves ``out`` untouched.
     MemoryError
         If NumPy cannot allocate the result, or if the kernel's scratch (O(tile) per thread,
-        growing with E) or, for at most 4 query rows, a contiguous copy of a strided input
+        growing with E) or, for at most 16 query rows, a contiguous copy of a strided input
         cannot be allocated (these messages name this function).
 
     Notes
@@ -213,9 +213,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     online softmax (running row maximum and sum), so its extra memory is a few hundred KiB per
     thread whatever L and S are. Key blocks that ``is_causal`` or an all-False bool mask
     removes are skipped, and with ``is_causal`` each group of query rows stops at the last key
-    it may see. With at most 4 query rows (decoding with a KV cache; unless the
-    whole problem is tiny) the keys are split into fixed chunks of 512 processed in parallel
-    and merged in order. Rows whose result is not finite are recomputed by a two-pass method
+    it may see. With at most 16 query rows (decoding with a KV cache, speculative
+    verification; more than 4 only against at least 16 keys per row, and unless the whole
+    problem is tiny) the keys are split into fixed chunks of
+    128-512 (by shape, never by thread count) processed in parallel and merged in order, and
+    the query heads that share a key/value head (``enable_gqa``, or key and value broadcast
+    over heads) run together, so each key and value row is read from memory once per group.
+    Rows whose result is not finite are recomputed by a two-pass method
     (scores of the row materialised, weights normalised before they multiply ``value``), which
     gives the results described above and keeps a weighted sum of huge finite values from
     overflowing.

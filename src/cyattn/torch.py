@@ -182,7 +182,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     bfloat16 (which NumPy lacks; viewed as ``ml_dtypes.bfloat16`` arrays, so ml_dtypes must be
     installed for this, else they go through float32 copies) are handed to the core as they
     are: it computes in float32 and rounds once to the half format. The decode path (at most
-    4 query rows) reads half-precision keys and values in place, the fused path widens them
+    16 query rows) reads half-precision keys and values in place, the fused path widens them
     block by block (see :func:`cyattn.scaled_dot_product_attention`).
 
     A fully masked row (no permitted key) gives zeros, as PyTorch 2.13's CPU kernels do.
