@@ -17,7 +17,9 @@ SRC = ROOT / "src" / "cyattn"
 def test_constants_are_the_compiled_modules():
     c = _plan.constants()
     assert set(c) >= {"MR", "NR", "MRD", "NRD", "NC", "KC", "QG", "QG_DENSE", "DECODE_MAX_L",
-                      "DECODE_MIN_WORK", "DECODE_CHUNK", "ROWS_PER_THREAD_ELEMS"}
+                      "DECODE_MIN_WORK", "DECODE_CHUNK", "ROWS_PER_THREAD_ELEMS",
+                      "DECODE_UNGROUPED_MAX_L", "GDECODE_KEYS_PER_ROW", "GDECODE_MAX_ROWS",
+                      "GDECODE_CHUNK", "GDECODE_MIN_CHUNK", "GDECODE_MIN_TASKS"}
     assert _backend.kernels.packed_b_layout() == (c["KC"], c["NR"])
     for n, work in [(16, 0), (16, 5 << 18), (64, 1 << 30), (1, 1 << 30)]:
         assert _plan._threads_for_work(n, work) == _validate.threads_for_work(n, work, 1 << 18)
@@ -40,6 +42,14 @@ _RULES = {
     "_encoder_rows.pxi": ["cdef Py_ssize_t most = rows * n // ROWS_PER_THREAD_ELEMS",
                           "for r in prange(rows, num_threads=threads, schedule='static'):"],
     "_attention_decode.pxi": ["for t in prange(ntasks, schedule='static'):"],
+    "_attention_decode_grouped.pxi": [
+        "return L <= DECODE_UNGROUPED_MAX_L or S >= L * GDECODE_KEYS_PER_ROW",
+        "cdef Py_ssize_t hg = GDECODE_MAX_ROWS // L",
+        "hg = 1 if hg < 1 else (g if hg > g else hg)",
+        "while (chunk > GDECODE_MIN_CHUNK and ngroups * nhb * ((hi_all + chunk - 1) // chunk "
+        "- lo_all // chunk) < GDECODE_MIN_TASKS):",
+        "for t in prange(ntasks, schedule='static'):",
+        "if g == 1 and L <= DECODE_UNGROUPED_MAX_L:"],
 }
 
 
@@ -91,6 +101,15 @@ def test_attention_mirror_by_hand():
     assert len(p.tasks) == 32 and set(p.tasks) == {512 * 2048 * 128}    # qg 1024 -> 512
     d = _plan.attention(32, 1, 4096, 128, 128, 16, consts=c)
     assert len(d.tasks) == 32 * 4096 // c["DECODE_CHUNK"] and d.loads == [d.work // 16] * 16
+    assert c["GDECODE_CHUNK"] == 512 and c["GDECODE_MIN_TASKS"] == 256   # the figures below
+    g = _plan.attention(8 * 32, 1, 4096, 128, 128, 16, consts=c, group=4)  # B=8, 32/8 heads
+    assert len(g.tasks) == 8 * 8 * 8 and set(g.tasks) == {4 * 512 * 256}   # 4 heads x chunk
+    g = _plan.attention(32, 8, 4096, 128, 128, 16, consts=c, group=4)      # L = 8: 128 keys
+    assert len(g.tasks) == 8 * 32 and set(g.tasks) == {4 * 8 * 128 * 256}
+    fused = _plan.attention(32, 16, 64, 64, 64, 16, consts=c, group=4)       # S < 16 L: fused
+    assert not fused.name.startswith(("decode", "grouped"))
+    with pytest.raises(ValueError, match="group=3"):
+        _plan.attention(32, 1, 4096, 128, 128, 16, consts=c, group=3)
     r = _plan.attention(2, 14, 14, 32, 32, 1, lengths=[14, 7], consts=c)
     assert r.tasks == [14 * 14 * 64, 7 * 7 * 64]
     causal = _plan.attention(1, 4, 4, 1, 1, 1, causal=True, consts=c)
@@ -114,7 +133,9 @@ def test_bench_shapes_are_balanced(n_threads):
     share; the encoder's plans (one request, the 3 batches of 256/64/16 tokens) run within
     1.5x of every thread busy (modelled)."""
     shapes = dict(_plan.bench_shapes(n_threads))
-    for name in ("sdpa (1,8,2048,64)", "decode (1,32,1,4096,128)"):
+    for name in ("sdpa (1,8,2048,64)", "decode (1,32,1,4096,128)",
+                 "GQA decode (8,32/8,1,4096,128)", "GQA decode (1,32/8,1,32768,128)",
+                 "GQA decode (1,32/8,8,4096,128)"):
         p = shapes[name]
         assert p.largest_task <= 1.5 and p.balance <= 1.5 and p.threads == n_threads, name
     products = [k for k in shapes if k.startswith("request") and "projection" in k

@@ -12,11 +12,15 @@ read from the compiled module, :func:`constants`):
 - attention (``attention_run``, ``_entry_attention.pxi``): fused tasks are (batch entry, group
   of up to QG_DENSE query rows, or QG for heads with E + Ev > 256), groups halved down to 64
   rows until every thread has 2 tasks (8 with a causal mask); worker w takes tasks w, w + n,
-  ...; a task costs its rows' visible keys times E + Ev. A few query rows (L <= DECODE_MAX_L)
-  take the decode path: (batch entry, chunk of DECODE_CHUNK keys) tasks in contiguous static
-  blocks (``_attention_decode.pxi`` as of issue 41; a grouped-query decode was being written
-  at the same time and may change this rule). At most ``batch L S (E + Ev + 8) / 2^18``
-  threads.
+  ...; a task costs its rows' visible keys times E + Ev. A few query rows (L <= DECODE_MAX_L,
+  more than DECODE_UNGROUPED_MAX_L only against S >= L GDECODE_KEYS_PER_ROW keys) take the
+  decode path (``decode_dispatch``): with one query head per K/V head and at most
+  DECODE_UNGROUPED_MAX_L rows, (batch entry, chunk of DECODE_CHUNK keys) tasks in contiguous
+  static blocks (``_attention_decode.pxi``); else the grouped decode
+  (``_attention_decode_grouped.pxi``): (K/V head, block of up to GDECODE_MAX_ROWS // L of its
+  ``group`` query heads, chunk) tasks, the chunk GDECODE_CHUNK keys halved down to
+  GDECODE_MIN_CHUNK while there are fewer than GDECODE_MIN_TASKS tasks. At most
+  ``batch L S (E + Ev + 8) / 2^18`` threads.
 - row passes (GELU, LayerNorm, ``_encoder_rows.pxi``): contiguous static blocks of rows, at most
   ``rows width / ROWS_PER_THREAD_ELEMS`` threads.
 - the encoder (``Encoder.encode``): ``min(n_threads, batches)`` lanes run batches longest
@@ -159,17 +163,35 @@ def matmul(M, N, K, n_threads, *, dtype="float32", name=None, consts=None):
 
 
 def attention(batch, L, S, E, Ev, n_threads, *, causal=False, lengths=None, name=None,
-              consts=None):
+              consts=None, group=1):
     """The plan of one attention kernel call: ``batch`` independent (L, S) problems (batch x
-    heads), head dims E and Ev; ``lengths``: per batch entry, each entry's key and query
-    length (the encoder's ragged call), else L and S."""
+    query heads), head dims E and Ev; ``lengths``: per batch entry, each entry's key and query
+    length (the encoder's ragged call), else L and S; ``group``: query heads per K/V head
+    (GQA, dividing ``batch``)."""
     c = consts or constants()
     if lengths is None:
         work = batch * L * S * (E + Ev + 8)
     else:
         work = sum(n * n for n in lengths) * (E + Ev + 8)
     threads = _threads_for_work(n_threads, work)
-    decode = 0 < L <= c["DECODE_MAX_L"] and batch * S * (E + Ev) >= L * c["DECODE_MIN_WORK"]
+    decode = (0 < L <= c["DECODE_MAX_L"] and batch * S * (E + Ev) >= L * c["DECODE_MIN_WORK"]
+              and (L <= c["DECODE_UNGROUPED_MAX_L"] or S >= L * c["GDECODE_KEYS_PER_ROW"]))
+    if decode and (group > 1 or L > c["DECODE_UNGROUPED_MAX_L"]):
+        if group < 1 or batch % group:
+            raise ValueError(f"group={group} must divide batch={batch}")
+        hg = min(max(c["GDECODE_MAX_ROWS"] // L, 1), group)      # query heads per task
+        nhb = -(-group // hg)
+        ngroups = batch // group
+        chunk = c["GDECODE_CHUNK"]
+        while chunk > c["GDECODE_MIN_CHUNK"] and ngroups * nhb * -(-S // chunk) < \
+                c["GDECODE_MIN_TASKS"]:
+            chunk //= 2
+        chunks = -(-S // chunk)
+        tasks = [min(hg, group - hb * hg) * L * min(chunk, S - j * chunk) * (E + Ev)
+                 for _ in range(ngroups) for hb in range(nhb) for j in range(chunks)]
+        threads = min(threads, len(tasks))
+        return Plan(name or f"grouped decode {batch}/{group}x{L}x{S}", n_threads, threads,
+                    tasks, _static_blocks(len(tasks), threads))
     if decode:
         chunk = c["DECODE_CHUNK"]
         chunks = -(-S // chunk)
@@ -357,7 +379,13 @@ def bench_shapes(n_threads, mix=None, consts=None):
     out = [("sdpa (1,8,2048,64)", attention(8, 2048, 2048, 64, 64, n_threads, consts=c)),
            ("sdpa causal (1,8,2048,64)",
             attention(8, 2048, 2048, 64, 64, n_threads, causal=True, consts=c)),
-           ("decode (1,32,1,4096,128)", attention(32, 1, 4096, 128, 128, n_threads, consts=c))]
+           ("decode (1,32,1,4096,128)", attention(32, 1, 4096, 128, 128, n_threads, consts=c)),
+           ("GQA decode (8,32/8,1,4096,128)",
+            attention(8 * 32, 1, 4096, 128, 128, n_threads, consts=c, group=4)),
+           ("GQA decode (1,32/8,1,32768,128)",
+            attention(32, 1, 32768, 128, 128, n_threads, consts=c, group=4)),
+           ("GQA decode (1,32/8,8,4096,128)",
+            attention(32, 8, 4096, 128, 128, n_threads, consts=c, group=4))]
     for p in encoder_batch(REQUEST, n_threads, consts=c):
         out.append(("request " + p.name, p))
     out.append(("encode: request of 32 short texts", EncodePlan([REQUEST], n_threads, consts=c)))
