@@ -1,13 +1,15 @@
 """Plot all-MiniLM-L6-v2's attention heads for a padded batch of two ticket sentences.
 
 The encoder is :mod:`cyattn.encoder` (its forward pass, ``cyattn.encoder._bert``). Two sentences of different
-lengths make it take its padded path: one ``cyattn.scaled_dot_product_attention`` call per
-layer on ``(2, 12, L, 32)`` queries and keys with a ``(2, 1, 1, L)`` key-padding mask (True =
-real token). This script records those calls' q, k and mask, recomputes the weights with
-:func:`cyattn.attention_weights` (the weights that call multiplied ``value`` by) and draws the
-12 heads of one layer for the shorter sentence with :func:`cyattn.plot.attention_heads`: the
-padding keys are grey (removed by the mask, weight exactly 0), query rows are the sentence's
-real tokens, and the labels are the tokenizer's word pieces.
+lengths make it take its ragged path: one attention kernel call per layer over the 2 x 12
+(text, head) pairs, reading q and k in place from the packed projection, each text's length
+its key and query length. This script records those calls as the padded ``(2, 12, L, 32)``
+queries and keys and the ``(2, 1, 1, L)`` key-padding mask (True = real token) they stand for,
+recomputes the weights with :func:`cyattn.attention_weights` (the weights the kernel
+multiplied ``value`` by) and draws the 12 heads of one layer for the shorter sentence with
+:func:`cyattn.plot.attention_heads`: the padding keys are grey (removed by the mask, weight
+exactly 0), query rows are the sentence's real tokens, and the labels are the tokenizer's word
+pieces.
 
 A heatmap is a diagnostic of what attention did (here: that no weight reaches the padding), not
 an explanation of the embedding: a high weight is not a cause.
@@ -39,44 +41,57 @@ TEXTS = ("My printer shows offline after the latest Windows update",
          "Cannot log in to VPN")
 
 
-class AttentionRecorder:
-    """Stands in for the ``cyattn`` module inside ``embed``: every other name is cyattn's, and
-    each ``scaled_dot_product_attention`` call is run as usual after copying its query, key
-    and mask (the views it gets are reused by the next layer). A padded batch passes per-text
-    ``key_lengths`` instead of a mask; they are recorded as the bool key-padding mask
-    ``(B, 1, 1, S)`` they are equivalent to, which the plot greys out."""
+class KernelRecorder:
+    """Stands in for ``cyattn._backend`` inside the encoder's forward pass: its ``kernels``
+    are cyattn's, but each ragged ``attention`` call is recorded, before it runs as usual, as
+    the padded query and key ``(B, H, L, D)`` of its (text, head) pairs (text-major, H heads
+    per text; rows past a text's length zero) and the bool key-padding mask ``(B, 1, 1, L)``
+    its per-text key lengths are equivalent to, which the plot greys out."""
 
-    def __init__(self):
+    def __init__(self, heads):
+        self.heads = heads
         self.calls = []
+        self.kernels = self
 
     def __getattr__(self, name):
-        return getattr(cyattn, name)
+        return getattr(cyattn._backend.kernels, name)
 
-    def scaled_dot_product_attention(self, query, key, value, attn_mask=None, **kwargs):
-        mask = None if attn_mask is None else np.array(attn_mask)
-        key_lengths = kwargs.get("key_lengths")
-        if mask is None and key_lengths is not None:
-            keys = np.arange(np.shape(key)[-2])
-            mask = (keys < np.asarray(key_lengths)[..., None])[..., None, :]
-        self.calls.append((np.array(query), np.array(key), mask))
-        return cyattn.scaled_dot_product_attention(query, key, value, attn_mask, **kwargs)
+    def attention(self, q, q_off, q_rs, q_cs, k, k_off, k_rs, k_cs, *args, **kwargs):
+        L, S, E = args[11], args[12], args[13]
+        key_len = np.asarray(args[23] if len(args) > 23 else kwargs["key_len"])
+        flat_q, flat_k = np.asarray(q).reshape(-1), np.asarray(k).reshape(-1)
+        pairs = len(q_off)
+        qp = np.zeros((pairs, L, E), flat_q.dtype)
+        kp = np.zeros((pairs, S, E), flat_k.dtype)
+        cols = np.arange(E)
+        for p in range(pairs):
+            n = int(key_len[p])
+            rows = np.arange(n)[:, None]
+            qp[p, :n] = flat_q[q_off[p] + rows * q_rs + cols * q_cs]
+            kp[p, :n] = flat_k[k_off[p] + rows * k_rs + cols * k_cs]
+        B = pairs // self.heads
+        mask = (np.arange(S) < key_len[::self.heads, None])[:, None, None, :]
+        self.calls.append((qp.reshape(B, self.heads, L, E), kp.reshape(B, self.heads, S, E),
+                           mask))
+        return cyattn._backend.kernels.attention(q, q_off, q_rs, q_cs, k, k_off, k_rs, k_cs,
+                                                 *args, **kwargs)
 
 
 def record_attention(model, texts):
-    """(token lists, [(q, k, mask) per layer]) of one padded forward pass of ``texts``."""
+    """(token lists, [(q, k, mask) per layer]) of one forward pass of ``texts``."""
     encodings = model.tokenizer.encode_batch(list(texts))
     ids = [e.ids for e in encodings]
     if len({len(t) for t in ids}) != len(ids):
-        raise ValueError("give sentences of different token lengths, so that the encoder pads "
-                         f"the batch (got lengths {[len(t) for t in ids]})")
-    recorder = AttentionRecorder()
-    embed.cyattn = recorder
+        raise ValueError("give sentences of different token lengths, so that the encoder takes "
+                         f"its ragged path (got lengths {[len(t) for t in ids]})")
+    recorder = KernelRecorder(model.heads)
+    embed._backend = recorder
     try:
         model.forward(ids)
     finally:
-        embed.cyattn = cyattn
-    if len(recorder.calls) != model.n_layers or recorder.calls[0][2] is None:
-        raise RuntimeError("expected one padded attention call per layer; cyattn.encoder's "
+        embed._backend = cyattn._backend
+    if len(recorder.calls) != model.n_layers:
+        raise RuntimeError("expected one ragged attention call per layer; cyattn.encoder's "
                            "batching rule may have changed")
     return [e.tokens for e in encodings], recorder.calls
 
