@@ -251,9 +251,12 @@ static inline int cyattn_softmax_row_f32(const float* x, float* y, ptrdiff_t n,
 
 /* One step of cyattn_softmax_rows_f32 over the first n32 elements: row i's exp pass (exp of
    xi - m, lane sums into acc; stored into yi unless log_out), and, when next / prev (constants
-   at each call, as log_out), the next row's max pass (its lane maxima and minima into hi, lo)
-   and the previous row's last pass (softmax: yp *= f; log_out: yp = (xp - mp) - f), each
-   element by the operations of cyattn_softmax_row_f32's passes. */
+   at each call, as log_out), the next row's max pass (its maxima and minima into hi[0] and
+   lo[0]: only their values are used, so one vector each serves all 32 lanes; with 16 vector
+   registers (AVX2) the four of each were spilled to the stack with the sums, a load and a
+   store each per vector, and the rows ran 1.07-1.09x slower on Zen 5 as an AVX2 CPU; 512-bit
+   rows unchanged) and the previous row's last pass (softmax: yp *= f; log_out: yp = (xp - mp)
+   - f), each element by the operations of cyattn_softmax_row_f32's passes. */
 CYATTN_INLINE void cyattn_rowp_step(const float* xi, float* yi, const float* xn, const float* xp,
                                     float* yp, ptrdiff_t n32, ptrdiff_t n, float m, float mp,
                                     float f, CYATTN_RV* acc, CYATTN_RV* hi, CYATTN_RV* lo,
@@ -277,8 +280,8 @@ CYATTN_INLINE void cyattn_rowp_step(const float* xi, float* yi, const float* xn,
             acc[k] = cyattn_radd(acc[k], e);
             if (next) {
                 CYATTN_RV w = cyattn_rload(xn + j + k * CYATTN_RW);
-                hi[k] = cyattn_rmax(w, hi[k]);
-                lo[k] = cyattn_rmin(w, lo[k]);
+                hi[0] = cyattn_rmax(w, hi[0]);
+                lo[0] = cyattn_rmin(w, lo[0]);
             }
             if (prev && log_out)
                 cyattn_rstore(yp + j + k * CYATTN_RW, cyattn_rsub(
