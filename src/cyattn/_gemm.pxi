@@ -45,6 +45,9 @@ cdef inline void transpose_8x8(const floating* a, Py_ssize_t rsa, floating* dst,
     cdef floating t[8][8]
     cdef floating u[8][8]
     cdef Py_ssize_t i, q
+    if floating is float and CYATTN_HAVE_TRANSPOSE:     # AVX: _cyattn_transpose.h
+        cyattn_transpose_8x8_f32(a, rsa, dst, ldd)
+        return
     for i in range(8):
         memcpy(&t[i][0], a + i * rsa, 8 * sizeof(floating))
     for q in range(8):
@@ -60,6 +63,9 @@ cdef inline void transpose_4x8(const floating* a, Py_ssize_t rsa, floating* dst,
     cdef floating t[4][8]
     cdef floating u[8][4]
     cdef Py_ssize_t i, q
+    if floating is float and CYATTN_HAVE_TRANSPOSE:
+        cyattn_transpose_4x8_f32(a, rsa, dst, ldd)
+        return
     for i in range(4):
         memcpy(&t[i][0], a + i * rsa, 8 * sizeof(floating))
     for q in range(8):

@@ -45,12 +45,15 @@ cdef extern from "_cyattn_support.h" nogil:
     int cyattn_omp_max_threads()
     int cyattn_omp_num_procs()
     int cyattn_omp_pause()
+    void cyattn_transpose_8x8_f32(const float* a, Py_ssize_t rsa, float* dst, Py_ssize_t ldd)
+    void cyattn_transpose_4x8_f32(const float* a, Py_ssize_t rsa, float* dst, Py_ssize_t ldd)
     void cyattn_prefetch_w(const void* p)
     void cyattn_prefetch_r(const void* p)
     enum:
         CYATTN_BF16_MR
         CYATTN_BF16_NR
         CYATTN_HAVE_BF16_DOT
+        CYATTN_HAVE_TRANSPOSE
     float cyattn_bf16_dot_step(float acc, uint32_t a, uint32_t b)
     float cyattn_bf16_dot_lane_hw(float acc, uint32_t a, uint32_t b)
     void cyattn_bf16_tile_emul(Py_ssize_t kp, const uint32_t* pa, const uint32_t* pb, float* c,

@@ -1,0 +1,90 @@
+/*
+ * Float32 tile transposes for the packing routines (_gemm.pxi: pack_a, pack_b, pack_a_pairs):
+ * dst[q * ldd + i] = a[i * rsa + q] for i < R (8 or 4), q < 8. With AVX (the avx2 and avx512
+ * variants) in 256-bit registers: R row loads, the unpack / shuffle / lane-permute network,
+ * 8 stores. C because Cython cannot express vector types or intrinsics; elsewhere the callers
+ * keep their Cython loops (CYATTN_HAVE_TRANSPOSE 0). Only moves bits, so results are those of
+ * the loops: on an AVX2 CPU the loops (gcc's code for memcpy into local tiles and constant-trip
+ * element copies) were 11 % of a (8, 8, 128, 64) attention call (perf, Zen 5 as an AVX2 CPU).
+ */
+#ifndef CYATTN_TRANSPOSE_H
+#define CYATTN_TRANSPOSE_H
+
+#include <stddef.h>
+#include "_cyattn_common.h"
+
+#if defined(__AVX__)
+#include <immintrin.h>
+#define CYATTN_HAVE_TRANSPOSE 1
+
+/* rows r0..r7 (8 floats each) -> columns, in place in r[] */
+CYATTN_INLINE void cyattn_tr8x8_regs(__m256 r[8]) {
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+    r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+    r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+    r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+    r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+/* dst[q * ldd + i] = a[i * rsa + q] for i, q < 8 */
+CYATTN_INLINE void cyattn_transpose_8x8_f32(const float* a, ptrdiff_t rsa, float* dst,
+                                            ptrdiff_t ldd) {
+    __m256 r[8];
+    int i;
+    for (i = 0; i < 8; i++)
+        r[i] = _mm256_loadu_ps(a + i * rsa);
+    cyattn_tr8x8_regs(r);
+    for (i = 0; i < 8; i++)
+        _mm256_storeu_ps(dst + i * ldd, r[i]);
+}
+
+/* dst[q * ldd + i] = a[i * rsa + q] for i < 4, q < 8 */
+CYATTN_INLINE void cyattn_transpose_4x8_f32(const float* a, ptrdiff_t rsa, float* dst,
+                                            ptrdiff_t ldd) {
+    __m256 r0 = _mm256_loadu_ps(a), r1 = _mm256_loadu_ps(a + rsa);
+    __m256 r2 = _mm256_loadu_ps(a + 2 * rsa), r3 = _mm256_loadu_ps(a + 3 * rsa);
+    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+    __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+    /* columns (q, q + 4) of the 4 rows, as pairs of 128-bit halves */
+    __m256 c04 = _mm256_shuffle_ps(t0, t2, 0x44), c15 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 c26 = _mm256_shuffle_ps(t1, t3, 0x44), c37 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    if (ldd == 4) {                     /* a packed panel: 32 contiguous floats */
+        _mm256_storeu_ps(dst, _mm256_permute2f128_ps(c04, c15, 0x20));
+        _mm256_storeu_ps(dst + 8, _mm256_permute2f128_ps(c26, c37, 0x20));
+        _mm256_storeu_ps(dst + 16, _mm256_permute2f128_ps(c04, c15, 0x31));
+        _mm256_storeu_ps(dst + 24, _mm256_permute2f128_ps(c26, c37, 0x31));
+        return;
+    }
+    _mm_storeu_ps(dst, _mm256_castps256_ps128(c04));
+    _mm_storeu_ps(dst + ldd, _mm256_castps256_ps128(c15));
+    _mm_storeu_ps(dst + 2 * ldd, _mm256_castps256_ps128(c26));
+    _mm_storeu_ps(dst + 3 * ldd, _mm256_castps256_ps128(c37));
+    _mm_storeu_ps(dst + 4 * ldd, _mm256_extractf128_ps(c04, 1));
+    _mm_storeu_ps(dst + 5 * ldd, _mm256_extractf128_ps(c15, 1));
+    _mm_storeu_ps(dst + 6 * ldd, _mm256_extractf128_ps(c26, 1));
+    _mm_storeu_ps(dst + 7 * ldd, _mm256_extractf128_ps(c37, 1));
+}
+#else
+#define CYATTN_HAVE_TRANSPOSE 0
+static inline void cyattn_transpose_8x8_f32(const float* a, ptrdiff_t rsa, float* dst,
+                                            ptrdiff_t ldd) {
+    (void)a; (void)rsa; (void)dst; (void)ldd;
+}
+static inline void cyattn_transpose_4x8_f32(const float* a, ptrdiff_t rsa, float* dst,
+                                            ptrdiff_t ldd) {
+    (void)a; (void)rsa; (void)dst; (void)ldd;
+}
+#endif
+
+#endif /* CYATTN_TRANSPOSE_H */
