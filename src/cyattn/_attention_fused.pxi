@@ -419,6 +419,26 @@ cdef void fused_attention_task(const void* q, Py_ssize_t q_rs, Py_ssize_t q_cs, 
                     pc += KC
                 ir += mr
         j0 += KB
+    if floating is float:
+        # the rows' 1 / sum into row_l (no longer needed), lse as below, then O^T into the
+        # output rows in 8 x 8 blocks (_cyattn_transpose.h); a fully masked row is then zeroed
+        for r in range(rows):
+            sink_merge(lim, row_m[r], row_l[r], &f, &l2, &m2)
+            row_l[r] = f / l2 if l2 != 0 else 0
+            if l2 == 0:
+                lse[r] = <floating>-CYATTN_INF
+            elif want_lse:
+                lse[r] = m2 + <floating>log(l2)
+            else:
+                lse[r] = m2 + l2
+        if Ev > 0:
+            cyattn_transpose_scale_f32(ot, ld_o, out, o_rs, rows, Ev, row_l)
+        for r in range(rows):
+            if lse[r] == <floating>-CYATTN_INF and row_l[r] == 0:
+                o_row = out + r * o_rs
+                for e in range(Ev):
+                    o_row[e] = 0
+        return
     for r in range(rows):
         o_row = out + r * o_rs
         sink_merge(lim, row_m[r], row_l[r], &f, &l2, &m2)

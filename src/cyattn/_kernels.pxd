@@ -47,6 +47,8 @@ cdef extern from "_cyattn_support.h" nogil:
     int cyattn_omp_pause()
     void cyattn_transpose_8x8_f32(const float* a, Py_ssize_t rsa, float* dst, Py_ssize_t ldd)
     void cyattn_transpose_4x8_f32(const float* a, Py_ssize_t rsa, float* dst, Py_ssize_t ldd)
+    void cyattn_transpose_scale_f32(const float* ot, Py_ssize_t ot_rs, float* out, Py_ssize_t o_rs,
+                                    Py_ssize_t rows, Py_ssize_t n, const float* inv)
     void cyattn_prefetch_w(const void* p)
     void cyattn_prefetch_r(const void* p)
     enum:
