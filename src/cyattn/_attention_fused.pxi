@@ -276,7 +276,7 @@ cdef void fused_attention_task(const void* q, Py_ssize_t q_rs, Py_ssize_t q_cs, 
     cdef Py_ssize_t panels, kv_beg, kv_end, j0, kb, kq, ks, jp, jp0, jp1, ir, pc, kc, r, e
     cdef Py_ssize_t first_q, last_q, lanes, q_first, n_keys
     cdef floating inv, acc, w, f, l2, m2
-    cdef bint v_bad, rescale
+    cdef bint v_bad, rescale, narrow
     cdef floating* o_row
     cdef floating* panel
     cdef floating* ot_col
@@ -349,6 +349,22 @@ cdef void fused_attention_task(const void* q, Py_ssize_t q_rs, Py_ssize_t q_cs, 
             panel = tile + ks * nr              # one panel at a time: KB x nr scratch
             # scores^T for this query panel: (kb x E) @ (E x nr), into the panel layout
             ir = ks
+            # a panel of at most 8 lanes: 12 keys x 8 lanes at a time (_cyattn_tile_narrow.h),
+            # the padding lanes' scores set to 0 as the zero-padded Q^T gives them
+            narrow = (floating is float and CYATTN_HAVE_TILE12X8 and MR == 4 and lanes <= 8
+                      and E > 0)
+            while narrow and kq - ir >= 12:
+                pc = 0
+                while pc < E:
+                    kc = E - pc if E - pc < KC else KC
+                    cyattn_tile12x8_f32(kc, <const float*>k_packed + ir * E + pc * mr, mr * E,
+                                        <const float*>qt_packed + jp * E * nr + pc * nr, nr,
+                                        <float*>tile + ir * nr, nr, <float>scale, pc == 0)
+                    pc += KC
+                for r in range(ir, ir + 12):
+                    for e in range(8, nr):
+                        tile[r * nr + e] = 0
+                ir += 12
             while ir < kq:
                 if E <= 0:
                     for r in range(ir * nr, (ir + mr if ir + mr < kq else kq) * nr):
@@ -402,6 +418,15 @@ cdef void fused_attention_task(const void* q, Py_ssize_t q_rs, Py_ssize_t q_cs, 
             # O^T += V^T (Ev x n_keys) @ P^T (n_keys x nr); a key past kq has weight 0 in
             # every lane, and so has one before ks
             ir = 0
+            while narrow and Ev - ir >= 12:     # 12 value dimensions x 8 lanes at a time
+                pc = 0
+                while pc < n_keys:
+                    kc = n_keys - pc if n_keys - pc < KC else KC
+                    cyattn_tile12x8_f32(kc, <const float*>vt_packed + ir * kb + (ks + pc) * mr,
+                                        mr * kb, <const float*>panel + pc * nr, nr,
+                                        <float*>ot + ir * ld_o + jp * nr, ld_o, 1, 0)
+                    pc += KC
+                ir += 12
             while ir < Ev:
                 pc = 0
                 while pc < n_keys:

@@ -27,6 +27,7 @@
 #include "_cyattn_decode.h"
 #include "_cyattn_softmax_rows.h"
 #include "_cyattn_transpose.h"
+#include "_cyattn_tile_narrow.h"
 #include "_cyattn_bf16_emul.h"
 #include "_cyattn_bf16_avx512.h"
 

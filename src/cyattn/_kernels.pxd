@@ -40,6 +40,8 @@ cdef extern from "_cyattn_support.h" nogil:
                                int log_out)
     Py_ssize_t cyattn_softmax_rows_f32(const float* x, float* y, Py_ssize_t rows, Py_ssize_t n,
                                        int log_out)
+    void cyattn_tile12x8_f32(Py_ssize_t kc, const float* pa, Py_ssize_t ps, const float* pb,
+                             Py_ssize_t pbs, float* c, Py_ssize_t rsc, float alpha, int overwrite)
     int cyattn_cpu_features()
     int cyattn_openmp_enabled()
     int cyattn_omp_max_threads()
@@ -56,6 +58,7 @@ cdef extern from "_cyattn_support.h" nogil:
         CYATTN_BF16_NR
         CYATTN_HAVE_BF16_DOT
         CYATTN_HAVE_TRANSPOSE
+        CYATTN_HAVE_TILE12X8
     float cyattn_bf16_dot_step(float acc, uint32_t a, uint32_t b)
     float cyattn_bf16_dot_lane_hw(float acc, uint32_t a, uint32_t b)
     void cyattn_bf16_tile_emul(Py_ssize_t kp, const uint32_t* pa, const uint32_t* pb, float* c,
