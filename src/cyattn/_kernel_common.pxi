@@ -30,6 +30,7 @@ from ._kernels cimport (cyattn_cpu_features, cyattn_openmp_enabled, cyattn_omp_m
                         cyattn_rows_exp_sum_f32, cyattn_rows_scale_f32, cyattn_softmax_row_f32,
                         cyattn_softmax_rows_f32, cyattn_transpose_8x8_f32, cyattn_transpose_4x8_f32,
                         cyattn_transpose_scale_f32, cyattn_tile12x8_f32, CYATTN_HAVE_TILE12X8,
+                        cyattn_any_nonfinite_f32,
                         CYATTN_HAVE_TRANSPOSE,
                         CYATTN_HALF_F16,
                         CYATTN_HALF_BF16, CYATTN_HAVE_BF16_DOT, cyattn_bf16_dot_step, cyattn_bf16_dot_lane_hw,

@@ -42,6 +42,7 @@ cdef extern from "_cyattn_support.h" nogil:
                                        int log_out)
     void cyattn_tile12x8_f32(Py_ssize_t kc, const float* pa, Py_ssize_t ps, const float* pb,
                              Py_ssize_t pbs, float* c, Py_ssize_t rsc, float alpha, int overwrite)
+    int cyattn_any_nonfinite_f32(const float* v, Py_ssize_t n)
     int cyattn_cpu_features()
     int cyattn_openmp_enabled()
     int cyattn_omp_max_threads()
