@@ -27,57 +27,25 @@
 static inline void cyattn_tile12x8_f32(ptrdiff_t kc, const float* pa, ptrdiff_t ps,
                                        const float* pb, ptrdiff_t pbs, float* c, ptrdiff_t rsc,
                                        float alpha, int overwrite) {
-    const float* a0 = pa;
-    const float* a1 = pa + ps;
-    const float* a2 = pa + 2 * ps;
-    const __m256 z = _mm256_setzero_ps();
-    __m256 b = _mm256_loadu_ps(pb), va;
-    __m256 c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23;
+    /* the sums start at +0: fma(a_0, b_0, +0) is the 4 x 24 kernel's first step */
+    __m256 acc[12], va = _mm256_set1_ps(alpha);
     ptrdiff_t p;
-    int i;
-    c00 = _mm256_fmadd_ps(_mm256_broadcast_ss(a0), b, z);
-    c01 = _mm256_fmadd_ps(_mm256_broadcast_ss(a0 + 1), b, z);
-    c02 = _mm256_fmadd_ps(_mm256_broadcast_ss(a0 + 2), b, z);
-    c03 = _mm256_fmadd_ps(_mm256_broadcast_ss(a0 + 3), b, z);
-    c10 = _mm256_fmadd_ps(_mm256_broadcast_ss(a1), b, z);
-    c11 = _mm256_fmadd_ps(_mm256_broadcast_ss(a1 + 1), b, z);
-    c12 = _mm256_fmadd_ps(_mm256_broadcast_ss(a1 + 2), b, z);
-    c13 = _mm256_fmadd_ps(_mm256_broadcast_ss(a1 + 3), b, z);
-    c20 = _mm256_fmadd_ps(_mm256_broadcast_ss(a2), b, z);
-    c21 = _mm256_fmadd_ps(_mm256_broadcast_ss(a2 + 1), b, z);
-    c22 = _mm256_fmadd_ps(_mm256_broadcast_ss(a2 + 2), b, z);
-    c23 = _mm256_fmadd_ps(_mm256_broadcast_ss(a2 + 3), b, z);
-    for (p = 1; p < kc; p++) {
-        const float* x0 = a0 + p * 4;
-        const float* x1 = a1 + p * 4;
-        const float* x2 = a2 + p * 4;
-        b = _mm256_loadu_ps(pb + p * pbs);
-        c00 = _mm256_fmadd_ps(_mm256_broadcast_ss(x0), b, c00);
-        c01 = _mm256_fmadd_ps(_mm256_broadcast_ss(x0 + 1), b, c01);
-        c02 = _mm256_fmadd_ps(_mm256_broadcast_ss(x0 + 2), b, c02);
-        c03 = _mm256_fmadd_ps(_mm256_broadcast_ss(x0 + 3), b, c03);
-        c10 = _mm256_fmadd_ps(_mm256_broadcast_ss(x1), b, c10);
-        c11 = _mm256_fmadd_ps(_mm256_broadcast_ss(x1 + 1), b, c11);
-        c12 = _mm256_fmadd_ps(_mm256_broadcast_ss(x1 + 2), b, c12);
-        c13 = _mm256_fmadd_ps(_mm256_broadcast_ss(x1 + 3), b, c13);
-        c20 = _mm256_fmadd_ps(_mm256_broadcast_ss(x2), b, c20);
-        c21 = _mm256_fmadd_ps(_mm256_broadcast_ss(x2 + 1), b, c21);
-        c22 = _mm256_fmadd_ps(_mm256_broadcast_ss(x2 + 2), b, c22);
-        c23 = _mm256_fmadd_ps(_mm256_broadcast_ss(x2 + 3), b, c23);
+    int g, i;
+    for (i = 0; i < 12; i++)
+        acc[i] = _mm256_setzero_ps();
+    for (p = 0; p < kc; p++) {
+        __m256 b = _mm256_loadu_ps(pb + p * pbs);
+        for (g = 0; g < 3; g++)
+            for (i = 0; i < 4; i++)
+                acc[4 * g + i] = _mm256_fmadd_ps(_mm256_broadcast_ss(pa + g * ps + p * 4 + i), b,
+                                                 acc[4 * g + i]);
     }
-    va = _mm256_set1_ps(alpha);
-    {
-        __m256 acc[12];
-        acc[0] = c00; acc[1] = c01; acc[2] = c02; acc[3] = c03;
-        acc[4] = c10; acc[5] = c11; acc[6] = c12; acc[7] = c13;
-        acc[8] = c20; acc[9] = c21; acc[10] = c22; acc[11] = c23;
-        for (i = 0; i < 12; i++) {
-            float* cr = c + i * rsc;
-            if (overwrite)
-                _mm256_storeu_ps(cr, _mm256_mul_ps(va, acc[i]));
-            else
-                _mm256_storeu_ps(cr, _mm256_fmadd_ps(va, acc[i], _mm256_loadu_ps(cr)));
-        }
+    for (i = 0; i < 12; i++) {
+        float* cr = c + i * rsc;
+        if (overwrite)
+            _mm256_storeu_ps(cr, _mm256_mul_ps(va, acc[i]));
+        else
+            _mm256_storeu_ps(cr, _mm256_fmadd_ps(va, acc[i], _mm256_loadu_ps(cr)));
     }
 }
 #else
