@@ -14,6 +14,11 @@
 #   per panel, the keys outside its rows' limits (same bits: their weights are 0), an
 #   all-False bool-mask block is skipped, GQA and broadcasting are offsets per batch entry.
 #   Scratch is O(tile) per thread; the L x S matrix never exists.
+# * Per-call work around the micro-kernel (issue 38, measured on AVX2 where it weighed most):
+#   the packing transposes and the last step, O^T back into output rows scaled by 1 / sum, run
+#   in 8 x 8 register blocks (_cyattn_transpose.h); with the 4 x 24 tile a query panel of at
+#   most 8 lanes (L = 128, 512) runs on a 12 x 8 tile (_cyattn_tile_narrow.h) instead of
+#   spending two thirds of its FMAs on padding lanes. All with the same bits.
 
 # Floor of the online-softmax shift: a query lane that has seen only -inf scores so far is
 # shifted by -FLT_MAX instead of -inf, so exp(-inf - shift) = 0 rather than NaN. A module
