@@ -187,7 +187,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         :func:`cyattn.matmul_accumulate`: ``"fast"`` where the loaded kernels have the
         instruction (``python -m cyattn info``), else ``"exact"``. Why: where the instruction
         exists the fast path runs bf16 prefill at about twice the float32 rate, and its error
-        (the bf16 rounding of P, 2^-9 relative) is of the size of the bf16 rounding of the
+        (the bf16 rounding of P, 2^-8 relative) is of the size of the bf16 rounding of the
         result that either path makes; where it does not, the emulation would only be slower.
         With at most 16 query rows (decode, memory-bound), E = 0, Ev = 0 or S = 0, and for a
         call whose fast result has a non-finite row (inf/NaN inputs, overflow), the exact path
@@ -269,16 +269,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     reference by tests/test_bf16_attention_fast.py), per output element c of a row with
     exact weights ``w_j`` (sink included in the denominator) and output ``o``, u = 2^-24,
     ``nb = ceil(S / 256)``, before the final rounding to bfloat16 (which adds
-    ``2^-9 |result|``)::
+    ``2^-8 |result|``)::
 
         |o' - o| <= (e^{2 d} - 1) sum_j w_j |v_jc - o_c| + e^{2 d} eps sum_j w_j |v_jc|
                     + 2^-126 (2 S + 1) (max_j |v_jc| + 1)
-        eps = 1.01 * 2^-9 + (2 S + 8 nb + 16) u
+        eps = 1.01 * 2^-8 + (2 S + 8 nb + 16) u
         d = max over keys with w_j > 0 of  scale (E + 2) u sum_e |q_e k_je|
               + 8 u (|s_j| + |max_j s_j|) + scale 2^-126 (sum_e (|q_e| + |k_je|) + E)
 
     ``d`` bounds a score's error (products, sums, scale, transforms, mask, shift; the last
-    term what DAZ/FTZ may lose), ``eps`` the weights' (2^-9 from rounding P to bfloat16) and
+    term what DAZ/FTZ may lose), ``eps`` the weights' (2^-8 from rounding P to bfloat16) and
     the float32 sums', the last term what DAZ/FTZ may lose in ``P V``. The lse has no P
     rounding: ``|lse' - lse| <= d + 1.01 (S + 3 nb + 8) u + 2 u |lse|``. Results are
     bit-identical for any thread count on a host, and the emulation on the ``avx512`` kernel
