@@ -282,3 +282,32 @@ def test_bad_precision(bad):
     assert np.all(out.astype(np.float32) == 7.0)
     with pytest.raises(ValueError, match="precision"):
         cyattn.scaled_dot_product_attention(q.astype(np.float32), q, q, precision=bad)
+
+
+@pytest.mark.parametrize("emulate", [True, pytest.param(False, marks=needs_hw)])
+def test_plain_calls_take_the_low_overhead_path(emulate, monkeypatch):
+    """Calls without variant options (the adapters') run the fast path from the low-overhead
+    entry, with the general path's bits (reached here through a no-op window)."""
+    from cyattn import _validate
+
+    def general_path(*args):
+        raise AssertionError("the general path was entered")
+    rng = np.random.default_rng(33)
+    q, k, v = _qkv(rng, 2, 4, 2, 40, 300, 64, 48)
+    mask = rng.random((2, 1, 40, 300)) < 0.8
+    fmask = np.where(mask, 0.0, -np.inf).astype(np.float32)
+    for kw in (dict(is_causal=True), dict(mask=mask, enable_gqa=True),
+               dict(mask=fmask, enable_gqa=True, return_lse=True, scale=0.3)):
+        kw = dict(kw)
+        m = kw.pop("mask", None)
+        if m is None:
+            q_, k_, v_ = q, k[:, :1].repeat(4, axis=1), v[:, :1].repeat(4, axis=1)
+        else:
+            q_, k_, v_ = q, k, v
+        ref = _sdpa(q_, k_, v_, m, emulate=emulate, window=(None, None), **kw)
+        with monkeypatch.context() as patch:
+            patch.setattr(_validate, "float_dtypes", general_path)
+            got = _sdpa(q_, k_, v_, m, emulate=emulate, **kw)
+        got, ref = (got, ref) if kw.get("return_lse") else ((got,), (ref,))
+        for g, r in zip(got, ref):
+            assert g.dtype == BF16 and np.array_equal(_bits(g), _bits(r))

@@ -17,16 +17,14 @@ _FLOAT32, _BOOL, _UINT16 = np.dtype(np.float32), np.dtype(np.bool_), np.dtype(np
 
 
 def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment, return_lse,
-               enable_gqa, out, n_threads, precision="exact"):
+               enable_gqa, out, n_threads, precision="exact", emulate=False):
     """The common call: aligned float32/float64 arrays of one dtype whose last axis has unit
     stride (C-contiguous, or head views of a fused projection), equal batch shapes (GQA heads
     aside), no mask or a bool mask or a float mask of that dtype that broadcasts without
     enlarging, no ``out`` or a writable one of the result's shape and dtype (C-contiguous and
     apart from the inputs: written directly; else it gets a copy), plain Python options. The
     kernel module checks the buffers in one pass and allocates the results; None means the
-    call must take the general path (which also produces every error message, and runs the
-    bf16 fast path: bfloat16 calls with ``precision="fast"`` and more than _DECODE_MAX_L
-    query rows go there)."""
+    call must take the general path (which also produces every error message)."""
     if not (type(query) is _ndarray and type(key) is _ndarray and type(value) is _ndarray
             and (attn_mask is None or type(attn_mask) is _ndarray)
             and (out is None or type(out) is _ndarray)
@@ -45,11 +43,8 @@ def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
     if n_threads == 0:
         return None
     if query.dtype.itemsize == 2:
-        if (precision == "fast" and query.shape[-2:-1] > (_DECODE_MAX_L,)
-                and V.is_bfloat16(query.dtype)):
-            return None
         return _fast_half_call(query, key, value, attn_mask, is_causal, scale, bottom_right,
-                               return_lse, enable_gqa, out, n_threads)
+                               return_lse, enable_gqa, out, n_threads, precision, emulate)
     res = _backend.kernels.attention_fast(query, key, value, attn_mask, out, scale, is_causal,
                                           bottom_right, enable_gqa, return_lse, n_threads,
                                           _empty)
@@ -59,12 +54,14 @@ def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
 
 
 def _fast_half_call(query, key, value, attn_mask, is_causal, scale, bottom_right, return_lse,
-                    enable_gqa, out, n_threads):
+                    enable_gqa, out, n_threads, precision, emulate=False):
     """_fast_call for query, key and value of one 16-bit dtype (float16, bfloat16): the
     kernels read them as they are (a query of up to _DECODE_MAX_L rows as a float32 copy, as
     the decode path reads it), compute in float32, and the result is rounded once, as the
     general path does; None for anything else (a float mask that is not float32, an ``out``
     that is not of the dtype, a row whose result is not finite: the general path then decides).
+    bfloat16 with ``precision="fast"`` and more than _DECODE_MAX_L query rows: the bf16 fast
+    path (the emulation with ``emulate``).
     """
     dtype = query.dtype
     qs, ks, vs = query.shape, key.shape, value.shape
@@ -85,9 +82,11 @@ def _fast_half_call(query, key, value, attn_mask, is_causal, scale, bottom_right
         q, q_fmt = query.astype(_FLOAT32), 0
     else:
         q, q_fmt = query.view(_UINT16), fmt
+    bf16_dot = q_fmt != 0 and precision == "fast" and fmt == V.HALF_BF16
     res = _backend.kernels.attention_fast(q, key.view(_UINT16), value.view(_UINT16), attn_mask,
                                           None, scale, is_causal, bottom_right, enable_gqa,
-                                          return_lse, n_threads, _empty, q_fmt, fmt)
+                                          return_lse, n_threads, _empty, q_fmt, fmt, bf16_dot,
+                                          emulate)
     if res is None:
         return None
     if out is None:
@@ -325,7 +324,7 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
     if (window is None and softcap is None and sinks is None and alibi_slopes is None
             and key_lengths is None and query_lengths is None):
         fast = _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
-                          return_lse, enable_gqa, out, n_threads, precision)
+                          return_lse, enable_gqa, out, n_threads, precision, emulate)
         if fast is not None:
             return fast
     f = _FNAME
