@@ -48,7 +48,7 @@ cdef void bf16_panel_softmax(float* panel, Py_ssize_t kb, float* row_m, float* r
     cdef float normal = EXP_NORMAL_F32
     cdef float floor_ = SHIFT_FLOOR_F32
     cdef int nonpos = 1, kept_nonpos = 1
-    cdef float s, e
+    cdef float s, e, e1
     cdef float* row
     cdef const float* r0
     cdef const float* r1
@@ -79,39 +79,46 @@ cdef void bf16_panel_softmax(float* panel, Py_ssize_t kb, float* row_m, float* r
         for j in range(BF16_NR):
             kept_nonpos = kept_nonpos & (kept_min[j] - shift[j] >= normal)
     # the same exp as the float32 path's (exp_nonpos, exp_nonpos_or_zero and exp_any agree
-    # where each is used), summed over the keys in order
+    # where each is used), summed over the keys in order (key 2q, then 2q + 1), each weight
+    # rounded to bfloat16 and written straight into its pair: one pass over the panel
     if nonpos:
-        for p in range(kb):
-            row = panel + p * BF16_NR
+        for q in range(kfull):
+            r0 = panel + 2 * q * BF16_NR
+            r1 = r0 + BF16_NR
             for j in range(BF16_NR):
-                e = exp_nonpos(row[j] - shift[j])
-                row[j] = e
+                e = exp_nonpos(r0[j] - shift[j])
+                e1 = exp_nonpos(r1[j] - shift[j])
                 part[j] += e
+                part[j] += e1
+                p_pairs[q * BF16_NR + j] = (bf16_rne_bits(e) << 16) | bf16_rne_bits(e1)
     elif kept_nonpos:
-        for p in range(kb):
-            row = panel + p * BF16_NR
+        for q in range(kfull):
+            r0 = panel + 2 * q * BF16_NR
+            r1 = r0 + BF16_NR
             for j in range(BF16_NR):
-                e = exp_nonpos_or_zero(row[j], shift[j])
-                row[j] = e
+                e = exp_nonpos_or_zero(r0[j], shift[j])
+                e1 = exp_nonpos_or_zero(r1[j], shift[j])
                 part[j] += e
+                part[j] += e1
+                p_pairs[q * BF16_NR + j] = (bf16_rne_bits(e) << 16) | bf16_rne_bits(e1)
     else:
-        for p in range(kb):
-            row = panel + p * BF16_NR
+        for q in range(kfull):
+            r0 = panel + 2 * q * BF16_NR
+            r1 = r0 + BF16_NR
             for j in range(BF16_NR):
-                e = exp_any(row[j] - shift[j])
-                row[j] = e
+                e = exp_any(r0[j] - shift[j])
+                e1 = exp_any(r1[j] - shift[j])
                 part[j] += e
-    for j in range(BF16_NR):
-        row_l[j] = row_l[j] * factor[j] + part[j]
-    for q in range(kfull):
-        r0 = panel + 2 * q * BF16_NR
-        r1 = r0 + BF16_NR
-        for j in range(BF16_NR):
-            p_pairs[q * BF16_NR + j] = (bf16_rne_bits(r0[j]) << 16) | bf16_rne_bits(r1[j])
-    if kb & 1:
+                part[j] += e1
+                p_pairs[q * BF16_NR + j] = (bf16_rne_bits(e) << 16) | bf16_rne_bits(e1)
+    if kb & 1:                              # the last key alone, a +0 pad in its pair
         r0 = panel + (kb - 1) * BF16_NR
         for j in range(BF16_NR):
-            p_pairs[kfull * BF16_NR + j] = bf16_rne_bits(r0[j]) << 16
+            e = exp_any(r0[j] - shift[j])
+            part[j] += e
+            p_pairs[kfull * BF16_NR + j] = bf16_rne_bits(e) << 16
+    for j in range(BF16_NR):
+        row_l[j] = row_l[j] * factor[j] + part[j]
 
 
 cdef inline void bf16_tile(bint use_hw, Py_ssize_t kp, const uint32_t* pa, const uint32_t* pb,
