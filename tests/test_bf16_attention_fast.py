@@ -311,3 +311,8 @@ def test_plain_calls_take_the_low_overhead_path(emulate, monkeypatch):
         got, ref = (got, ref) if kw.get("return_lse") else ((got,), (ref,))
         for g, r in zip(got, ref):
             assert g.dtype == BF16 and np.array_equal(_bits(g), _bits(r))
+
+
+def test_config_names_the_default_path():
+    line = cyattn.config()["bf16_attention"]
+    assert line.startswith("fast (vdpbf16ps" if HW else "exact (float32 FMAs)")
