@@ -316,3 +316,19 @@ def test_plain_calls_take_the_low_overhead_path(emulate, monkeypatch):
 def test_config_names_the_default_path():
     line = cyattn.config()["bf16_attention"]
     assert line.startswith("fast (vdpbf16ps" if HW else "exact (float32 FMAs)")
+
+
+@pytest.mark.parametrize("S", [64, 65, 300])
+def test_key_major_layouts(S):
+    """K and V stored key-minor (their transposes contiguous: unit stride along the keys,
+    the packing's transposing path for V^T), Q Fortran-ordered: the C-contiguous bits."""
+    rng = np.random.default_rng(S)
+    q = np.asfortranarray(_data(rng, (2, 50, 24)))
+    kT, vT = _data(rng, (2, 24, S)), _data(rng, (2, 40, S))
+    k, v = kT.transpose(0, 2, 1), vT.transpose(0, 2, 1)
+    for emulate in (True, False) if HW else (True,):
+        got = _sdpa(q, k, v, emulate=emulate, is_causal=True, causal_alignment="bottom_right")
+        want = _sdpa(*(np.ascontiguousarray(t) for t in (q, k, v)), emulate=emulate,
+                     is_causal=True, causal_alignment="bottom_right")
+        assert np.array_equal(_bits(got), _bits(want))
+    _check(q, k, v, is_causal=True, causal_alignment="bottom_right")
