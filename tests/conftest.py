@@ -40,6 +40,7 @@ for _name in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
 import numpy as np
 import pytest
 
+import cyattn
 from cyattn import _backend, oracle
 
 VARIANTS = _backend.available_variants()
@@ -264,6 +265,57 @@ def numpy_sdpa(q, k, v, mask=None, is_causal=False, scale=None, causal_alignment
 
 # Attention variants (issue 24): window, softcap, sinks, alibi_slopes, key_lengths,
 # query_lengths. Used by tests/test_variants.py, test_properties_variants.py and the fuzzer.
+
+# bfloat16 attention on the bf16 dot products (issue 40): the documented error bound.
+_U = 2.0 ** -24          # float32 unit roundoff
+_UB = 2.0 ** -8          # bfloat16 unit roundoff (8 significant bits)
+_TINY = 2.0 ** -126      # smallest normal float32 (what DAZ/FTZ may lose)
+
+
+def _bf16_f64(x):
+    return None if x is None else np.asarray(x).astype(np.float64)
+
+
+def bf16_attention_bound(q, k, v, mask=None, **kw):
+    """(reference output, its bound, reference lse, its bound) of a bfloat16 attention call
+    with the options ``kw``: the float64 call on the same bfloat16 values (q, k, v, mask as
+    NumPy arrays of those values, any float dtype), and the error bound of the bfloat16
+    results of ``precision="fast"`` that cyattn.scaled_dot_product_attention's Notes document
+    (issue 40; it also holds for the exact path, whose error is the bf16 rounding of the
+    result plus float32 sums). Elementwise arrays of the output's and the lse's shapes."""
+    ref_kw = {key: val for key, val in kw.items() if key not in ("precision", "n_threads")}
+    ref_kw["return_lse"] = True
+    q64, k64, v64 = _bf16_f64(q), _bf16_f64(k), _bf16_f64(v)
+    m64 = mask if mask is None or mask.dtype == bool else _bf16_f64(mask)
+    o, lse = cyattn.scaled_dot_product_attention(q64, k64, v64, m64, **ref_kw)
+    w_kw = {key: val for key, val in ref_kw.items() if key != "return_lse"}
+    w = cyattn.attention_weights(q64, k64, m64, **w_kw)                  # (..., L, S)
+    E, S = q.shape[-1], k.shape[-2]
+    scale = kw.get("scale") or 1.0 / math.sqrt(E)
+    if kw.get("enable_gqa"):
+        rep = q.shape[-3] // k.shape[-3]
+        k64, v64 = np.repeat(k64, rep, axis=-3), np.repeat(v64, rep, axis=-3)
+    nb = -(-S // 256)
+    qk = np.abs(q64) @ np.swapaxes(np.abs(k64), -1, -2)                     # sum_e |q_e k_je|
+    daz = (np.abs(q64).sum(-1)[..., :, None] + np.abs(k64).sum(-1)[..., None, :] + E)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = np.where(w > 0, np.log(w) + lse[..., None], 0.0)                  # exact scores
+    m = np.where(w > 0, s, -np.inf).max(-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    d_j = scale * (E + 2) * _U * qk + 8 * _U * (np.abs(s) + np.abs(m)) + scale * _TINY * daz
+    d = np.where(w > 0, d_j, 0.0).max(-1)[..., None]                        # (..., L, 1)
+    eps = 1.01 * _UB + (2 * S + 8 * nb + 16) * _U
+    A_ = w @ np.abs(v64)                                                    # sum_j w_j |v_j|
+    D_ = np.einsum("...ls,...lse->...le", w, np.abs(v64[..., None, :, :] - o[..., :, None, :]))
+    vmax = np.abs(v64).max(-2, keepdims=True)
+    b = (np.expm1(2 * d) * D_ + np.exp(2 * d) * eps * A_ + _TINY * (2 * S + 1) * (vmax + 1))
+    b_out = b + _UB * (np.abs(o) + b) + 2.0 ** -133                          # rounded to bf16
+    finite = np.isfinite(lse)
+    lse_abs = np.abs(np.where(finite, lse, 0))
+    lse_b = d[..., 0] + 1.01 * (S + 3 * nb + 8) * _U + 2 * _U * lse_abs
+    lse_b = lse_b + _UB * (lse_abs + lse_b)
+    return o, b_out, lse, lse_b
+
 
 def _variant_per_batch(x, batch, default, dtype):
     if x is None:

@@ -4,7 +4,9 @@ kernels, see test_half_kv.py, test_half_softmax.py and test_half_matmul.py; MHA 
 float32 copies).
 
 A bfloat16 call must give exactly the float32 call on the same (bfloat16-valued) inputs, rounded
-to bfloat16: the same arithmetic, one rounding at the end.
+to bfloat16: the same arithmetic, one rounding at the end. For attention that is
+``precision="exact"`` (the default where the kernels have no bf16 dot product; the fast path's
+contract is tested in test_bf16_attention_fast.py).
 """
 import subprocess
 import sys
@@ -33,7 +35,8 @@ def test_sdpa_equals_float32_rounded_once(variant):
         q, k, v = _data(rng, (2, 4, L, 16)), _data(rng, (2, 2, S, 16)), _data(rng, (2, 2, S, 8))
         mask = rng.random((2, 1, L, S)) < 0.8
         kw = dict(is_causal=True, causal_alignment="bottom_right", enable_gqa=True,
-                  window=(50, 0), sinks=np.array([0.5, 1.0, -1.0, 2.0]), return_lse=True)
+                  window=(50, 0), sinks=np.array([0.5, 1.0, -1.0, 2.0]), return_lse=True,
+                  precision="exact")
         out, lse = cyattn.scaled_dot_product_attention(q, k, v, mask, **kw)
         ref, ref_lse = cyattn.scaled_dot_product_attention(
             *(t.astype(np.float32) for t in (q, k, v)), mask, **kw)

@@ -257,5 +257,9 @@ def test_attention_micro_kernels_not_inlined(name):
         pytest.skip("nm not available")
     if proc.returncode != 0 or not proc.stdout.strip():
         pytest.skip("no symbol table (stripped)")
-    for symbol in ("micro_kernel_f32", "micro_kernel_f64", "panel_online_softmax"):
+    # both specialisations of the fused online softmax (float32 is __pyx_fuse_0), and the
+    # bf16 fast path's (the avx512bf16 variant once had no noinline prototypes at all)
+    for symbol in ("micro_kernel_f32", "micro_kernel_f64",
+                   r"fuse_0__pyx_f_\S*panel_online_softmax",
+                   r"fuse_1__pyx_f_\S*panel_online_softmax", "bf16_panel_softmax"):
         assert re.search(rf"\s[tT]\s\S*{symbol}", proc.stdout), symbol

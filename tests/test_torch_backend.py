@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 import cyattn
 import cyattn.torch as ct
-from conftest import BFLOAT16_TOLERANCE, tol
+from conftest import BFLOAT16_TOLERANCE, bf16_attention_bound, tol
 
 F = torch.nn.functional
 HAS_VARIANTS = "softcap" in inspect.signature(cyattn.scaled_dot_product_attention).parameters
@@ -25,9 +25,27 @@ _NP = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.f
 ALL_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 
 
-def _assert_close(got, want, dtype, k):
-    """``got`` (a tensor of ``dtype``) against a float64 tensor ``want``."""
+def _values(t):
+    """A tensor (or None) as a NumPy array of the same values (bfloat16 as float32)."""
+    if t is None:
+        return None
+    return t.float().numpy() if t.dtype is torch.bfloat16 else t.numpy()
+
+
+def _assert_close(got, want, dtype, k, call=None):
+    """``got`` (a tensor of ``dtype``) against a float64 tensor ``want``. bfloat16 with
+    ``call`` = (q, k, v, mask, core options): the bound of the bf16 fast path (issue 40: the
+    default where the kernels have vdpbf16ps; P is rounded to bfloat16, so the error is
+    relative to sum_j w_j |v_j|, not to the output), which the exact path's error also meets."""
     assert got.dtype == dtype
+    if dtype is torch.bfloat16 and call is not None:
+        q, k_, v, mask, kw = call
+        _, bound, _, _ = bf16_attention_bound(_values(q), _values(k_), _values(v),
+                                              _values(mask), **kw)
+        err = np.abs(got.double().numpy() - want.double().numpy())
+        # 1e-12: torch's float64 reference against cyattn's, on which the bound is computed
+        assert np.all(err <= bound + 1e-12), (err.max(), (err / bound).max())
+        return
     if dtype is torch.bfloat16:
         rtol, atol = BFLOAT16_TOLERANCE["rtol"], BFLOAT16_TOLERANCE["atol"]
     else:
@@ -64,7 +82,8 @@ def test_matches_torch(dtype, B, H, Hkv, L, S, E, Ev, is_causal):
     got = ct.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=gqa)
     want = _reference(q, k, v, dtype, is_causal=is_causal, enable_gqa=gqa)
     assert got.shape == (B, H, L, Ev)
-    _assert_close(got, want, dtype, E + S)
+    _assert_close(got, want, dtype, E + S,
+                  (q, k, v, None, dict(is_causal=is_causal, enable_gqa=gqa)))
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
@@ -82,7 +101,7 @@ def test_masks_scale_and_strided_head_views(dtype):
     for mask in (bool_mask, float_mask):
         got = ct.scaled_dot_product_attention(q, k, v, mask, scale=0.3)
         want = _reference(q, k, v, dtype, attn_mask=mask, scale=0.3)
-        _assert_close(got, want, dtype, E + S)
+        _assert_close(got, want, dtype, E + S, (q, k, v, mask, dict(scale=0.3)))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -343,7 +362,8 @@ def test_softcap_and_window(dtype):
     i, j = torch.arange(40)[:, None], torch.arange(40)[None, :]
     band = (j <= i) & (j >= i - (W - 1))
     got = ct.scaled_dot_product_attention(q, k, v, softcap=5.0, window=(W - 1, 0))
-    _assert_close(got, _eager(q, k, v, band, softcap=5.0), dtype, 56)
+    _assert_close(got, _eager(q, k, v, band, softcap=5.0), dtype, 56,
+                  (q, k, v, None, dict(softcap=5.0, window=(W - 1, 0))))
 
 
 @needs_variants
@@ -429,3 +449,16 @@ def test_key_lengths_and_alibi_slopes_tensors(dtype):
     s = (q.double() @ k.double().transpose(-1, -2)) / E ** 0.5 + bias
     want = torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v.double()
     _assert_close(got, want, dtype, E + S)
+
+
+def test_bfloat16_precision_reaches_the_core():
+    """precision= is handed to the core (issue 40); None keeps the core's default."""
+    pytest.importorskip("ml_dtypes")
+    q, k, v = _qkv((1, 2, 40, 16), (1, 2, 50, 16), 16, torch.bfloat16, 4)
+    arrays = [ct._to_numpy(t) for t in (q, k, v)]
+    for precision in (None, "exact", "fast"):
+        got = ct.scaled_dot_product_attention(q, k, v, precision=precision)
+        want = cyattn.scaled_dot_product_attention(*arrays, precision=precision)
+        np.testing.assert_array_equal(got.view(torch.int16).numpy(), want.view(np.int16))
+    with pytest.raises(ValueError, match="precision must be None, 'exact' or 'fast'"):
+        ct.scaled_dot_product_attention(q, k, v, precision="fastest")

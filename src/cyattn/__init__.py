@@ -31,12 +31,14 @@ def config():
 
     Keys: ``version``, ``variant`` (the loaded kernel variant), ``available_variants``,
     ``cpu_features``, ``openmp`` (whether the kernels were built with OpenMP),
-    ``default_threads`` (what ``n_threads=None`` uses now), ``cpu_count`` and ``bf16_matmul``
+    ``default_threads`` (what ``n_threads=None`` uses now), ``cpu_count``, ``bf16_matmul``
     (which path a bfloat16 :func:`matmul_accumulate` takes by default, and what
-    ``precision="fast"`` runs).
+    ``precision="fast"`` runs) and ``bf16_attention`` (the same for
+    :func:`scaled_dot_product_attention`).
     """
     import os
     from ._backend import available_variants
+    from .attention import default_bf16_path as attention_bf16_path
     from .matmul import default_bf16_path
     return {
         "version": __version__,
@@ -47,6 +49,7 @@ def config():
         "default_threads": _max_threads(),
         "cpu_count": os.cpu_count(),
         "bf16_matmul": default_bf16_path(),
+        "bf16_attention": attention_bf16_path(),
     }
 
 

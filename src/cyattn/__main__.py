@@ -120,6 +120,7 @@ def cmd_info():
         ("default_threads", cfg["default_threads"]),
         ("cpu_count", cfg["cpu_count"]),
         ("bf16_matmul", cfg["bf16_matmul"]),
+        ("bf16_attention", cfg["bf16_attention"]),
         ("python", sys.version.split()[0]),
         ("numpy", np.__version__),
     ]

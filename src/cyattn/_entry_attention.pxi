@@ -188,7 +188,8 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
 
 
 def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bint gqa,
-                   bint want_lse, int n_threads, empty, int q_fmt=0, int kv_fmt=0):
+                   bint want_lse, int n_threads, empty, int q_fmt=0, int kv_fmt=0,
+                   bint bf16_dot=False, bint emulate=False):
     """Attention for aligned q (..., L, E), k (..., S, E) and v (..., S, Ev) of one native
     float dtype with rows of adjacent elements (unit stride along the last axis; any other
     strides, also 0 or negative, as the head views of a fused QKV projection have), with
@@ -206,7 +207,9 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
     16-bit elements of that format (a 16-bit q only with more than DECODE_MAX_L rows), computed
     in float32: the results are float32, ``out`` must be None, a float mask is float32; None
     also when a row's result is not finite (the caller redoes the call on float32 inputs,
-    see attention_run)."""
+    see attention_run). ``bf16_dot`` (q_fmt = kv_fmt = CYATTN_HALF_BF16, more than
+    DECODE_MAX_L rows): the bf16 fast path (_attention_bf16.pxi; the emulation with
+    ``emulate``) instead, None when a row's result is not finite."""
     cdef Py_buffer qv, kv, vv, mv, ov, lv, rv
     cdef bint have_q = False, have_k = False, have_v = False, have_m = False
     cdef bint have_o = False, have_l = False, have_r = False, o_strided = False
@@ -255,6 +258,7 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
         q_item = 2 if q_fmt != 0 else code
         kv_item = 2 if kv_fmt != 0 else code
         if (code == 0 or (q_fmt != 0 and not _is_u16(&qv))
+                or (bf16_dot and (q_fmt != CYATTN_HALF_BF16 or kv_fmt != CYATTN_HALF_BF16))
                 or (kv_fmt == 0 and (_float_code(&kv) != code or _float_code(&vv) != code))
                 or (kv_fmt != 0 and (code != 4 or not _is_u16(&kv) or not _is_u16(&vv)))
                 or ((q_fmt != 0 or kv_fmt != 0) and have_o)
@@ -374,14 +378,24 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
         PyObject_GetBuffer(lse, &lv, PyBUF_RECORDS)
         have_l = True
         with nogil:
-            status = attention_run(
-                code == 8, <const char*>qv.buf, offs, q_rs, 1,
-                <const char*>kv.buf, offs + batch, k_rs, 1,
-                <const char*>vv.buf, offs + 2 * batch, v_rs, 1,
-                <const char*>mv.buf if mask_kind else NULL, mask_kind, offs + 3 * batch,
-                m_rs, m_cs, <char*>rv.buf, offs + 4 * batch if o_direct else NULL, o_rs,
-                <char*>lv.buf, batch, L, S, E, Ev, scale_value, &var, want_lse, n_threads,
-                q_fmt, kv_fmt, &half_redo)
+            if bf16_dot:
+                bf16_attention_run(
+                    <const uint16_t*>qv.buf, offs, q_rs, 1, <const uint16_t*>kv.buf,
+                    offs + batch, k_rs, 1, <const uint16_t*>vv.buf, offs + 2 * batch, v_rs, 1,
+                    <const uint8_t*>mv.buf if mask_kind == 1 else NULL,
+                    <const float*>mv.buf if mask_kind == 2 else NULL, offs + 3 * batch,
+                    m_rs, m_cs, <float*>rv.buf, <float*>lv.buf, batch, L, S, E, Ev,
+                    <float>scale_value, &var, want_lse, n_threads,
+                    CYATTN_HAVE_BF16_DOT and not emulate, &status, &half_redo)
+            else:
+                status = attention_run(
+                    code == 8, <const char*>qv.buf, offs, q_rs, 1,
+                    <const char*>kv.buf, offs + batch, k_rs, 1,
+                    <const char*>vv.buf, offs + 2 * batch, v_rs, 1,
+                    <const char*>mv.buf if mask_kind else NULL, mask_kind, offs + 3 * batch,
+                    m_rs, m_cs, <char*>rv.buf, offs + 4 * batch if o_direct else NULL, o_rs,
+                    <char*>lv.buf, batch, L, S, E, Ev, scale_value, &var, want_lse, n_threads,
+                    q_fmt, kv_fmt, &half_redo)
             if status == 0 and o_strided and not o_direct:
                 _rows_to_strided(<const char*>rv.buf, &ov, offs + 4 * batch, batch)
         if o_strided:

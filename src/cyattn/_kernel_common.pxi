@@ -47,11 +47,16 @@ cdef extern from *:
     /* The score and P V micro-kernels and the online softmax stay functions of their own:
        when gcc inlined them into the fused attention worker (after issue 24 grew it), its
        16-32 accumulators no longer stayed in registers and dense attention ran 1.8-2.7x
-       slower (perf: 68 % of the time in the worker). Cython cannot mark a function noinline,
-       so the attribute goes on a prototype of the name Cython gives it (cython mangling:
-       __pyx_f_<module>_<name>, fused specialisations __pyx_fuse_<i>__pyx_f_...);
-       tests/test_build.py checks the symbols exist. */
-    #if defined(__GNUC__) && defined(__PYX_HAVE__cyattn___kernels_avx512)
+       slower (perf: 68 % of the time in the worker). Every variant module needs its line
+       here: the avx512bf16 variant had none, and its float32 attention ran at half the
+       avx512 variant's speed (58 against 114-143 GFLOP/s, (1, 8, 1024, 64), Zen 5).
+       Cython cannot mark a function noinline, so the attribute goes on a prototype of the
+       name Cython gives it (cython mangling: __pyx_f_<module>_<name>, fused specialisations
+       __pyx_fuse_<i>__pyx_f_...); tests/test_build.py checks the symbols exist. */
+    #if defined(__GNUC__) && defined(__PYX_HAVE__cyattn___kernels_avx512bf16)
+    #define CYATTN_KFN(name) __pyx_f_6cyattn_19_kernels_avx512bf16_##name
+    #define CYATTN_KFUSED(i, name) __pyx_fuse_##i##__pyx_f_6cyattn_19_kernels_avx512bf16_##name
+    #elif defined(__GNUC__) && defined(__PYX_HAVE__cyattn___kernels_avx512)
     #define CYATTN_KFN(name) __pyx_f_6cyattn_15_kernels_avx512_##name
     #define CYATTN_KFUSED(i, name) __pyx_fuse_##i##__pyx_f_6cyattn_15_kernels_avx512_##name
     #elif defined(__GNUC__) && defined(__PYX_HAVE__cyattn___kernels_avx2)
@@ -71,6 +76,8 @@ cdef extern from *:
         float *) __attribute__((noinline));
     static void CYATTN_KFUSED(1, panel_online_softmax)(double *, Py_ssize_t, double *,
         double *, double *) __attribute__((noinline));
+    static void CYATTN_KFN(bf16_panel_softmax)(float *, Py_ssize_t, float *, float *, float *,
+        uint32_t *) __attribute__((noinline));
     #endif
     #if defined(__FMA__)
     #define CYATTN_MULADD_F32(a, b, c) fmaf((a), (b), (c))

@@ -10,10 +10,12 @@ include "_gemm_bf16.pxi"          # bf16 GEMM on bf16 dot products (precision="f
 include "_attention_variants.pxi" # row limits (causal, window, lengths), softcap, ALiBi, sinks
 include "_attention_fused.pxi"    # fused attention: tasks, panels, masks, online softmax
 include "_attention_two_pass.pxi" # the two-pass path that redoes non-finite rows
+include "_attention_bf16.pxi"     # bf16 attention on bf16 dot products (precision="fast")
 include "_attention_decode.pxi"   # decode: a few query rows streamed over K and V
 include "_attention_decode_grouped.pxi"  # decode: the query heads of a K/V head as one task
 include "_entry_buffers.pxi"      # entry points' shared buffer, dtype, layout and overlap checks
 include "_entry_rows.pxi"         # def functions: exp/tanh, GELU/LayerNorm, half casts, softmax
 include "_entry_matmul.pxi"       # def functions: matmul_accumulate, packed B, matmul_fast
 include "_entry_attention.pxi"    # def functions: attention_run, attention, attention_fast
+include "_entry_attention_bf16.pxi"  # def function: attention_bf16 (precision="fast")
 include "_probes.pxi"             # CPU features, OpenMP runtime, FMA peak probe

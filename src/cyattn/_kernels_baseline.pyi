@@ -76,3 +76,16 @@ def attention(
     slopes: npt.NDArray[np.float64] | None = None,
     sinks: npt.NDArray[np.float64] | None = None, q_fmt: int = 0, kv_fmt: int = 0,
 ) -> bool: ...
+def attention_bf16(
+    q: np.ndarray, q_off: npt.NDArray[np.int64], q_rs: int, q_cs: int,
+    k: np.ndarray, k_off: npt.NDArray[np.int64], k_rs: int, k_cs: int,
+    v: np.ndarray, v_off: npt.NDArray[np.int64], v_rs: int, v_cs: int,
+    mask: Any, mask_kind: int, m_off: npt.NDArray[np.int64], m_rs: int, m_cs: int,
+    out: npt.NDArray[np.float32], lse: npt.NDArray[np.float32], L: int, S: int, E: int,
+    Ev: int, scale: float, causal: bool, bottom_right: bool, want_lse: bool, n_threads: int,
+    window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+    key_len: npt.NDArray[np.int64] | None = None,
+    query_len: npt.NDArray[np.int64] | None = None,
+    slopes: npt.NDArray[np.float64] | None = None,
+    sinks: npt.NDArray[np.float64] | None = None, emulate: bool = False,
+) -> bool: ...

@@ -5,6 +5,7 @@ import numpy as np
 
 from . import _backend
 from . import _validate as V
+from .matmul import _resolve_precision
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -15,8 +16,18 @@ _empty = np.empty
 _FLOAT32, _BOOL, _UINT16 = np.dtype(np.float32), np.dtype(np.bool_), np.dtype(np.uint16)
 
 
+def default_bf16_path():
+    """One line for ``python -m cyattn info``: which path bfloat16 attention takes by default
+    with the loaded kernels."""
+    if getattr(_backend.kernels, "BF16_DOT", False):
+        return ("fast (vdpbf16ps, P rounded to bf16) for prefill (L > 16) by default, decode "
+                "exact; precision='exact': float32 FMAs")
+    return ("exact (float32 FMAs) by default; precision='fast': portable emulation of "
+            "vdpbf16ps for prefill (no AVX512-BF16 in this CPU or kernel variant)")
+
+
 def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment, return_lse,
-               enable_gqa, out, n_threads):
+               enable_gqa, out, n_threads, precision="exact", emulate=False):
     """The common call: aligned float32/float64 arrays of one dtype whose last axis has unit
     stride (C-contiguous, or head views of a fused projection), equal batch shapes (GQA heads
     aside), no mask or a bool mask or a float mask of that dtype that broadcasts without
@@ -43,7 +54,7 @@ def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
         return None
     if query.dtype.itemsize == 2:
         return _fast_half_call(query, key, value, attn_mask, is_causal, scale, bottom_right,
-                               return_lse, enable_gqa, out, n_threads)
+                               return_lse, enable_gqa, out, n_threads, precision, emulate)
     res = _backend.kernels.attention_fast(query, key, value, attn_mask, out, scale, is_causal,
                                           bottom_right, enable_gqa, return_lse, n_threads,
                                           _empty)
@@ -53,12 +64,14 @@ def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
 
 
 def _fast_half_call(query, key, value, attn_mask, is_causal, scale, bottom_right, return_lse,
-                    enable_gqa, out, n_threads):
+                    enable_gqa, out, n_threads, precision, emulate=False):
     """_fast_call for query, key and value of one 16-bit dtype (float16, bfloat16): the
     kernels read them as they are (a query of up to _DECODE_MAX_L rows as a float32 copy, as
     the decode path reads it), compute in float32, and the result is rounded once, as the
     general path does; None for anything else (a float mask that is not float32, an ``out``
     that is not of the dtype, a row whose result is not finite: the general path then decides).
+    bfloat16 with ``precision="fast"`` and more than _DECODE_MAX_L query rows: the bf16 fast
+    path (the emulation with ``emulate``).
     """
     dtype = query.dtype
     qs, ks, vs = query.shape, key.shape, value.shape
@@ -79,9 +92,11 @@ def _fast_half_call(query, key, value, attn_mask, is_causal, scale, bottom_right
         q, q_fmt = query.astype(_FLOAT32), 0
     else:
         q, q_fmt = query.view(_UINT16), fmt
+    bf16_dot = q_fmt != 0 and precision == "fast" and fmt == V.HALF_BF16
     res = _backend.kernels.attention_fast(q, key.view(_UINT16), value.view(_UINT16), attn_mask,
                                           None, scale, is_causal, bottom_right, enable_gqa,
-                                          return_lse, n_threads, _empty, q_fmt, fmt)
+                                          return_lse, n_threads, _empty, q_fmt, fmt, bf16_dot,
+                                          emulate)
     if res is None:
         return None
     if out is None:
@@ -96,7 +111,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
                                  *, causal_alignment="top_left", enable_gqa=False,
                                  return_lse=False, out=None, n_threads=None, window=None,
                                  softcap=None, sinks=None, alibi_slopes=None, key_lengths=None,
-                                 query_lengths=None):
+                                 query_lengths=None, precision=None):
     r"""Scaled dot-product attention: ``softmax(scale * query @ key^T + mask) @ value``.
 
     Parameters
@@ -170,6 +185,23 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         Per-sequence query lengths ``L_b`` (broadcastable to the batch shape, >= 0; values
         past L act as L): rows ``i >= L_b`` give output 0 and lse ``-inf`` and are not
         computed.
+    precision : {None, "exact", "fast"}, keyword-only, optional
+        How bfloat16 attention (``query``, ``key`` and ``value`` all bfloat16) multiplies;
+        other dtypes ignore it (checked all the same). ``"exact"``: the float32 call on the
+        same values, rounded once. ``"fast"``: ``Q K^T`` and ``P V`` on the CPU's bf16 dot
+        products (AVX512-BF16 ``vdpbf16ps``; on a CPU or build without them, a portable
+        emulation with the same semantics, slower than ``"exact"``), with the weights ``P``
+        rounded to bfloat16 before ``P V`` (as PyTorch's CPU flash attention does): see
+        Notes for the contract and its error bound. None (default), as for
+        :func:`cyattn.matmul_accumulate`: ``"fast"`` where the loaded kernels have the
+        instruction (``python -m cyattn info``), else ``"exact"``. Why: where the instruction
+        exists the fast path runs bf16 prefill at 1.5-1.8x the float32 call's rate (Zen 5, 1
+        thread), and its error (the bf16 rounding of P, 2^-8 relative) is of the size of the
+        bf16 rounding of the result that either path makes; where it does not, the emulation
+        would only be slower.
+        With at most 16 query rows (decode, memory-bound), E = 0, Ev = 0 or S = 0, and for a
+        call whose fast result has a non-finite row (inf/NaN inputs, overflow), the exact path
+        runs instead.
 
     Returns
     -------
@@ -193,9 +225,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         multiple of the key/value heads), the mask does not broadcast to ``(..., L, S)``
         without enlarging it, ``causal_alignment`` is unknown, ``out`` is not a writable
         ndarray of the result shape and dtype, ``n_threads == 0``, a window side is negative,
-        ``softcap`` is not positive and finite, a length is negative, or ``sinks``,
+        ``softcap`` is not positive and finite, a length is negative, ``sinks``,
         ``alibi_slopes``, ``key_lengths`` or ``query_lengths`` do not broadcast to the batch
-        shape. A call that raises leaves ``out`` untouched.
+        shape, or ``precision`` is not None, ``"exact"`` or ``"fast"``. A call that raises
+        leaves ``out`` untouched.
     MemoryError
         If NumPy cannot allocate the result, or if the kernel's scratch (O(tile) per thread,
         growing with E) or, for at most 16 query rows, a contiguous copy of a strided input
@@ -230,6 +263,38 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     masks; the bool mask, ``is_causal``, ``window`` and the lengths all remove keys and
     compose with AND.
 
+    ``precision="fast"`` (bfloat16 query, key and value, more than 16 query rows): the bf16
+    bits are read as stored and packed in ``vdpbf16ps``'s pair layout (Q and K in pairs along
+    E, P and V in pairs along the keys; K and V once per block of 256 keys). Each score is
+    ``scale * t``, rounded once, where ``t = 0``, then for e in order
+    ``t = FTZ(RNE(t + q_e k_e))``: products exact, bfloat16 subnormal inputs read as zero,
+    results tiny after rounding flushed to zero (the instruction's rules, see
+    :func:`cyattn.matmul_accumulate`). Softcap, ALiBi, masks and the online softmax are the
+    float32 path's, in float32 (running max and sum per row over key blocks of 256, the sum
+    of the unrounded float32 weights); the weights are then rounded to bfloat16 (nearest
+    even) and ``P V`` is summed per key block in key order by the same step (from +0), each
+    block's sum added to the float32 accumulator (rescaled when the row maximum grows) with
+    one rounding; the output is divided by the sum, and rounded once to bfloat16. Error
+    bound against the exact result on the same bfloat16 values (checked against a float64
+    reference by tests/test_bf16_attention_fast.py), per output element c of a row with
+    exact weights ``w_j`` (sink included in the denominator) and output ``o``, u = 2^-24,
+    ``nb = ceil(S / 256)``, before the final rounding to bfloat16 (which adds
+    ``2^-8 |result|``)::
+
+        |o' - o| <= (e^{2 d} - 1) sum_j w_j |v_jc - o_c| + e^{2 d} eps sum_j w_j |v_jc|
+                    + 2^-126 (2 S + 1) (max_j |v_jc| + 1)
+        eps = 1.01 * 2^-8 + (2 S + 8 nb + 16) u
+        d = max over keys with w_j > 0 of  scale (E + 2) u sum_e |q_e k_je|
+              + 8 u (|s_j| + |max_j s_j|) + scale 2^-126 (sum_e (|q_e| + |k_je|) + E)
+
+    ``d`` bounds a score's error (products, sums, scale, transforms, mask, shift; the last
+    term what DAZ/FTZ may lose), ``eps`` the weights' (2^-8 from rounding P to bfloat16) and
+    the float32 sums', the last term what DAZ/FTZ may lose in ``P V``. The lse has no P
+    rounding: ``|lse' - lse| <= d + 1.01 (S + 3 nb + 8) u + 2 u |lse|``. Results are
+    bit-identical for any thread count on a host, and the emulation on the ``avx512`` kernel
+    variant gives the ``avx512bf16`` variant's (hardware's) bits; other variants may round
+    ``exp`` and the rescaling differently (FMA), within the same bound.
+
     Source: Vaswani et al., "Attention Is All You Need", NeurIPS 2017 (eq. 1); online softmax:
     Milakov and Gimelshein, "Online normalizer calculation for softmax", 2018; tiling: Dao et
     al., "FlashAttention", NeurIPS 2022. The masking and fully-masked-row semantics follow
@@ -255,10 +320,22 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     >>> out, lse
     (array([[0., 0.]]), array([1.5]))
     """
+    return _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enable_gqa,
+                 return_lse, out, n_threads, window, softcap, sinks, alibi_slopes, key_lengths,
+                 query_lengths, precision)
+
+
+def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enable_gqa,
+          return_lse, out, n_threads, window, softcap, sinks, alibi_slopes, key_lengths,
+          query_lengths, precision, emulate=False):
+    """scaled_dot_product_attention; ``emulate`` runs the bf16 fast path's emulation even
+    where the kernels have the instruction (for the tests that compare the two bit for
+    bit)."""
+    precision = _resolve_precision(precision, _FNAME)
     if (window is None and softcap is None and sinks is None and alibi_slopes is None
             and key_lengths is None and query_lengths is None):
         fast = _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
-                          return_lse, enable_gqa, out, n_threads)
+                          return_lse, enable_gqa, out, n_threads, precision, emulate)
         if fast is not None:
             return fast
     f = _FNAME
@@ -342,8 +419,24 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
                 var.softcap, var.key_lengths, var.query_lengths, var.slopes, var.sinks,
                 q_fmt=q_fmt, kv_fmt=kv_fmt, o_off=o_off, o_rs=o_rs)
 
-        if run(q_fmt, kv_fmt) and (q_fmt or kv_fmt):
-            run(0, 0)   # a non-finite row: redone on float32 inputs, by the two-pass path
+        def run_bf16():
+            q, k, v = (V.kernel_ready(a, a.dtype).view(np.uint16) for a in (query, key, value))
+            return _backend.kernels.attention_bf16(
+                q, V.batch_offsets(q, batch), q.strides[-2] // 2, V.column_stride(q),
+                k, V.batch_offsets(k, batch, group), k.strides[-2] // 2, V.column_stride(k),
+                v, V.batch_offsets(v, batch, group), v.strides[-2] // 2, V.column_stride(v),
+                mask, kind, m_off, m_rs, m_cs, res.reshape(-1, L, Ev), lse.reshape(-1, L),
+                L, S, E, Ev, scale, is_causal, causal_alignment == "bottom_right", return_lse,
+                n_threads, var.left, var.right, var.softcap, var.key_lengths,
+                var.query_lengths, var.slopes, var.sinks, emulate=emulate)
+
+        # bfloat16 on the bf16 dot products (prefill only: decode is memory-bound and stays
+        # on the exact path); a non-finite row sends the whole call to the exact path
+        bf16_fast = (precision == "fast" and L > _DECODE_MAX_L and S > 0 and E > 0 and Ev > 0
+                     and all(V.is_bfloat16(a.dtype) for a in (query, key, value)))
+        if not (bf16_fast and not run_bf16()):
+            if run(q_fmt, kv_fmt) and (q_fmt or kv_fmt):
+                run(0, 0)   # a non-finite row: redone on float32 inputs, by the two-pass path
     if out is not None:
         if res is not out:
             V.copy_result(out, res)

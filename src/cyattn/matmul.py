@@ -16,14 +16,15 @@ _ndarray = np.ndarray
 PRECISIONS = ("exact", "fast")
 
 
-def _resolve_precision(precision):
+def _resolve_precision(precision, fname=_FNAME):
     """``precision`` checked: "exact" or "fast"; None picks "fast" where the loaded kernels
     multiply bfloat16 on the CPU's bf16 dot products (the avx512bf16 variant), else "exact"
-    (the emulation of the fast path is slower than the exact path)."""
+    (the emulation of the fast path is slower than the exact path). ``fname`` names the
+    public function in the ValueError (matmul_accumulate, scaled_dot_product_attention)."""
     if precision is None:
         return "fast" if getattr(_backend.kernels, "BF16_DOT", False) else "exact"
     if not (isinstance(precision, str) and precision in PRECISIONS):
-        raise ValueError(f"{_FNAME}: precision must be None, 'exact' or 'fast', got "
+        raise ValueError(f"{fname}: precision must be None, 'exact' or 'fast', got "
                          f"{precision!r}")
     return precision
 

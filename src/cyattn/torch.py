@@ -110,7 +110,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  causal_alignment="top_left", window=None, softcap=None,
                                  sinks=None, alibi_slopes=None, key_lengths=None,
                                  query_lengths=None, return_lse=False, out=None,
-                                 n_threads=None):
+                                 n_threads=None, precision=None):
     r"""Scaled dot-product attention ``softmax(scale * query @ key^T + mask) @ value`` on CPU
     tensors, a drop-in for ``torch.nn.functional.scaled_dot_product_attention`` in inference.
 
@@ -152,6 +152,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         receives the output; it is returned.
     n_threads : int, keyword-only, optional
         Threads of the kernel; default ``torch.get_num_threads()``.
+    precision : {None, "exact", "fast"}, keyword-only, optional
+        bfloat16 tensors: passed to :func:`cyattn.scaled_dot_product_attention` when given.
+        The default (None) is the core's: ``"fast"`` (bf16 dot products, the weights rounded
+        to bfloat16 before ``P V``, as PyTorch's own bf16 SDPA does) where the kernels have
+        AVX512-BF16, else ``"exact"``.
 
     Returns
     -------
@@ -183,7 +188,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     installed for this, else they go through float32 copies) are handed to the core as they
     are: it computes in float32 and rounds once to the half format. The decode path (at most
     16 query rows) reads half-precision keys and values in place, the fused path widens them
-    block by block (see :func:`cyattn.scaled_dot_product_attention`).
+    block by block (see :func:`cyattn.scaled_dot_product_attention`). bfloat16 prefill (more
+    than 16 query rows) runs on the CPU's bf16 dot products by default where it has them
+    (``precision``; the contract and error bound are the core's).
 
     A fully masked row (no permitted key) gives zeros, as PyTorch 2.13's CPU kernels do.
     ``is_causal`` with ``attn_mask`` composes by AND, as PyTorch 2.13 on CPU computes it
@@ -222,7 +229,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     options = {}
     for name, val in (("window", window), ("softcap", softcap), ("sinks", sinks),
                       ("alibi_slopes", alibi_slopes), ("key_lengths", key_lengths),
-                      ("query_lengths", query_lengths)):
+                      ("query_lengths", query_lengths), ("precision", precision)):
         if val is None:
             continue
         if name not in _CORE_PARAMETERS:

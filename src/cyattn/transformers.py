@@ -112,7 +112,10 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     key : torch.Tensor, shape (B, Hkv, S, E)
     value : torch.Tensor, shape (B, Hkv, S, Ev)
         CPU tensors of the model's dtype. ``Hkv`` may divide ``H`` (GQA): query head ``h`` reads
-        key/value head ``h // (H // Hkv)``, without the copy ``repeat_kv`` makes.
+        key/value head ``h // (H // Hkv)``, without the copy ``repeat_kv`` makes. bfloat16
+        models run prefill (L > 16) on the CPU's bf16 dot products where the kernels have them
+        (:func:`cyattn.scaled_dot_product_attention`'s default ``precision``; P is rounded to
+        bfloat16 before ``P V``, as torch's own bf16 SDPA does).
     attention_mask : torch.Tensor of bool or float, shape (B or 1, 1 or H, L, S), or None
         bool: True = take part (transformers' SDPA masks); float: added to the scores.
     dropout : float
