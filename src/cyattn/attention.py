@@ -4,6 +4,7 @@ import math
 import numpy as np
 
 from . import _backend
+from . import _kv8
 from . import _validate as V
 
 __all__ = ["scaled_dot_product_attention"]
@@ -13,6 +14,8 @@ _DECODE_MAX_L = 16       # the kernels' DECODE_MAX_L: at most this many query ro
 _ndarray = np.ndarray
 _empty = np.empty
 _FLOAT32, _BOOL, _UINT16 = np.dtype(np.float32), np.dtype(np.bool_), np.dtype(np.uint16)
+_STORAGE = {1: _UINT16, 2: _UINT16, _kv8.KV8_I8: np.dtype(np.uint8),
+            _kv8.KV8_E4M3: np.dtype(np.uint8)}     # the kernels' view of each element format
 
 
 def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment, return_lse,
@@ -30,7 +33,8 @@ def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
             and (is_causal is False or is_causal is True)
             and (return_lse is False or return_lse is True)
             and (enable_gqa is False or enable_gqa is True)
-            and (scale is None or (type(scale) is float and scale - scale == 0.0))):
+            and (scale is None or (type(scale) is float and scale - scale == 0.0))
+            and key.dtype.itemsize > 1 and value.dtype.itemsize > 1):     # 8-bit K/V: general
         return None
     if causal_alignment == "top_left":
         bottom_right = False
@@ -96,7 +100,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
                                  *, causal_alignment="top_left", enable_gqa=False,
                                  return_lse=False, out=None, n_threads=None, window=None,
                                  softcap=None, sinks=None, alibi_slopes=None, key_lengths=None,
-                                 query_lengths=None):
+                                 query_lengths=None, key_scale=None, value_scale=None):
     r"""Scaled dot-product attention: ``softmax(scale * query @ key^T + mask) @ value``.
 
     Parameters
@@ -256,12 +260,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     (array([[0., 0.]]), array([1.5]))
     """
     if (window is None and softcap is None and sinks is None and alibi_slopes is None
-            and key_lengths is None and query_lengths is None):
+            and key_lengths is None and query_lengths is None and key_scale is None
+            and value_scale is None):
         fast = _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
                           return_lse, enable_gqa, out, n_threads)
         if fast is not None:
             return fast
     f = _FNAME
+    kv8 = _kv8.Inputs.of(f, key, value, key_scale, value_scale)   # 8-bit K/V, or None
+    if kv8 is not None:
+        query = V.as_float_array(query, "query", f)
+        key, value = kv8.stand_ins(f, query.dtype)    # checks and promotion; never read
     query, key, value = V.as_float_arrays(f, query=query, key=key, value=value)
     is_causal, enable_gqa, return_lse = V.check_bools(
         f, is_causal=is_causal, enable_gqa=enable_gqa, return_lse=return_lse)
@@ -294,11 +303,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     # _DECODE_MAX_L rows: decode reads a float32 query); K and V when of one format
     q_fmt = V.half_format(query, compute) if L > _DECODE_MAX_L else 0
     kv_fmt = V.half_format(key, compute) if key.dtype == value.dtype else 0
+    if kv8 is not None:     # 8-bit K/V: read in place by the decode path, else dequantised
+        kv_fmt = kv8.fmt(compute, L, _DECODE_MAX_L)
     # (a half call may be redone on float32 inputs: never straight into the caller's out)
     res, o_off, o_rs = None, None, -1
     if out is not None and not (q_fmt or kv_fmt):
         inputs = (query, key, value, attn_mask, var.key_lengths, var.query_lengths, var.slopes,
                   var.sinks)       # the per-entry options may be the caller's own memory
+        if kv8 is not None:
+            inputs += kv8.real_arrays()
         if V.writes_in_place(out, compute, inputs):
             res = out
         elif V.writes_rows_in_place(out, compute, inputs):
@@ -319,8 +332,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
 
         def run(q_fmt, kv_fmt):
             q = V.kernel_ready(query, query.dtype if q_fmt else compute)
-            k = V.kernel_ready(key, key.dtype if kv_fmt else compute)
-            v = V.kernel_ready(value, value.dtype if kv_fmt else compute)
+            if kv8 is None:
+                k = V.kernel_ready(key, key.dtype if kv_fmt else compute)
+                v = V.kernel_ready(value, value.dtype if kv_fmt else compute)
+            else:
+                k, v = kv8.kernel_arrays(kv_fmt, compute, V.kernel_ready)
             if L <= _DECODE_MAX_L:
                 # The kernel's decode path (a few query rows) reads rows of adjacent elements;
                 # other layouts are copied, so they give the C-contiguous bits (huge broadcast
@@ -329,8 +345,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
                 k = V.unit_stride_rows(k, "key", f)
                 v = V.unit_stride_rows(v, "value", f)
             # 16-bit storage is widened by the kernels as they read it: no float32 copies
-            q, k, v = (a.view(np.uint16) if fmt else a
+            q, k, v = (a.view(_STORAGE[fmt]) if fmt else a
                        for a, fmt in ((q, q_fmt), (k, kv_fmt), (v, kv_fmt)))
+            scales = kv8.kernel_scales(kv_fmt, batch, group, V.batch_offsets) if kv8 else {}
             return _backend.kernels.attention(
                 q, V.batch_offsets(q, batch), q.strides[-2] // q.itemsize, V.column_stride(q),
                 k, V.batch_offsets(k, batch, group), k.strides[-2] // k.itemsize,
@@ -340,7 +357,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
                 mask, kind, m_off, m_rs, m_cs, res, lse, L, S, E, Ev, scale, is_causal,
                 causal_alignment == "bottom_right", return_lse, n_threads, var.left, var.right,
                 var.softcap, var.key_lengths, var.query_lengths, var.slopes, var.sinks,
-                q_fmt=q_fmt, kv_fmt=kv_fmt, o_off=o_off, o_rs=o_rs)
+                q_fmt=q_fmt, kv_fmt=kv_fmt, o_off=o_off, o_rs=o_rs, **scales)
 
         if run(q_fmt, kv_fmt) and (q_fmt or kv_fmt):
             run(0, 0)   # a non-finite row: redone on float32 inputs, by the two-pass path
