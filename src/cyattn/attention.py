@@ -116,6 +116,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         float32 copy of an input; with at most 16 query rows the query is copied to float32),
         so a half call gives the float32 call on the same values, rounded once. A call with
         a non-finite row is computed again on float32 copies.
+        ``key`` and ``value`` may also be 8-bit caches: ``int8`` (with ``key_scale`` /
+        ``value_scale``, required) or ``ml_dtypes.float8_e4m3fn`` (scales optional, default
+        1); each element stands for ``scale * element``. They do not take part in the dtype
+        promotion (the result has the dtype of ``query`` and of a float key or value): with
+        float32 compute and at most 16 query rows (the decode path), key and value of one
+        8-bit dtype are read in place, widened exactly to float32 in the kernel, the scales
+        applied to each key's score and each value's weight, with no copy of either. Every
+        other call with an 8-bit key or value (more than 16 query rows, a float64 query, one
+        8-bit and one float, int8 with float8, or a row whose result is not finite) first
+        dequantises them into float32 (float64) copies, ``4 x`` (``8 x``) their bytes, and
+        runs as a float call.
     attn_mask : array_like of bool or float, optional
         Broadcastable to ``(..., L, S)`` without enlarging the result. **bool**: True = the
         query may attend to the key (PyTorch SDPA convention); a False position gets exactly
@@ -174,6 +185,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         Per-sequence query lengths ``L_b`` (broadcastable to the batch shape, >= 0; values
         past L act as L): rows ``i >= L_b`` give output 0 and lse ``-inf`` and are not
         computed.
+    key_scale, value_scale : float or array_like of float32, keyword-only, optional
+        Dequantisation scales of an 8-bit ``key`` / ``value`` (see above), broadcastable to
+        ``key.shape[:-1] + (1,)`` (``value.shape[:-1] + (1,)``): per token and head
+        ``(..., H, S, 1)``, per head ``(..., H, 1, 1)``, or one scale for the tensor. The
+        value used is exactly ``scale * element`` (as ``cyattn.oracle`` dequantises).
+        Arrays must be float32 (float16 and bfloat16 are widened, exactly); a Python or
+        NumPy scalar is rounded to float32; every scale must be finite (0 and negative
+        values are allowed). A non-contiguous scale array is copied (its size is
+        ``1 / E`` of its cache's elements). vLLM's ``kv_cache_dtype="fp8"`` is float8_e4m3fn
+        with a per-tensor scale (``k_scale``); llama.cpp's ``q8_0`` is int8 with one scale
+        per 32 elements, a per-token scale only when E = 32 (see the README).
 
     Returns
     -------
@@ -190,7 +212,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         array, ``scale`` is not a real number, ``is_causal``/``enable_gqa``/``return_lse`` is
         not a bool, ``n_threads`` is not an int, ``window`` is not a pair of ints or None,
         ``softcap`` is not a real number, ``key_lengths``/``query_lengths`` are not integer
-        arrays, or ``sinks``/``alibi_slopes`` are not real arrays.
+        arrays, or ``sinks``/``alibi_slopes`` are not real arrays; if ``key`` / ``value``
+        is int8 and its ``key_scale`` / ``value_scale`` is None, or a scale is given for a
+        ``key`` / ``value`` that is not int8 or float8_e4m3fn.
     ValueError
         If an input has fewer than 2 dimensions, E or S do not match between the inputs, the
         batch dimensions do not broadcast (or, with ``enable_gqa``, the query heads are not a
@@ -199,11 +223,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         ndarray of the result shape and dtype, ``n_threads == 0``, a window side is negative,
         ``softcap`` is not positive and finite, a length is negative, or ``sinks``,
         ``alibi_slopes``, ``key_lengths`` or ``query_lengths`` do not broadcast to the batch
-        shape. A call that raises leaves ``out`` untouched.
+        shape, or ``key_scale`` / ``value_scale`` does not broadcast to its array's
+        ``shape[:-1] + (1,)``, is not float32 (float16, bfloat16) or a real scalar (a float64
+        array is refused: cast it), or holds a NaN or infinity. A call that raises leaves
+        ``out`` untouched.
     MemoryError
         If NumPy cannot allocate the result, or if the kernel's scratch (O(tile) per thread,
         growing with E) or, for at most 16 query rows, a contiguous copy of a strided input
-        cannot be allocated (these messages name this function).
+        cannot be allocated (these messages name this function), or the dequantised copy of
+        an 8-bit key or value off the decode path.
 
     Notes
     -----
@@ -258,6 +286,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     >>> out, lse = cyattn.scaled_dot_product_attention(q, k, v, mask, sinks=1.5, return_lse=True)
     >>> out, lse
     (array([[0., 0.]]), array([1.5]))
+
+    An int8 cache with a scale per key row (token) and one for the values:
+
+    >>> k8 = np.array([[64], [32], [0]], dtype=np.int8)
+    >>> ks = np.full((3, 1), 1 / 32, dtype=np.float32)
+    >>> v8 = np.array([[2, 0], [0, 4], [6, 2]], dtype=np.int8)
+    >>> cyattn.scaled_dot_product_attention(q.astype(np.float32), k8, v8, scale=1.0,
+    ...                                     key_scale=ks, value_scale=0.5).round(3)
+    array([[0.935, 0.579]], dtype=float32)
     """
     if (window is None and softcap is None and sinks is None and alibi_slopes is None
             and key_lengths is None and query_lengths is None and key_scale is None
