@@ -437,6 +437,44 @@ def test_scale_of_the_wrong_dtype(dtype):
             value_scale=np.ones((2, 1, 1), dtype))
 
 
+def test_misaligned_and_listed_scales():
+    """A float32 scale array at an odd address is copied to aligned memory (the kernels load
+    it as float); a list of Python numbers is rounded to float32 like a scalar."""
+    q, k8, v8, s = _bad_inputs()
+    buf = np.zeros(4 * s.size + 1, np.uint8)
+    odd = buf[1:].view(np.float32).reshape(s.shape)
+    odd[:] = np.linspace(0.01, 0.02, s.size, dtype=np.float32).reshape(s.shape)
+    assert not odd.flags.aligned
+    got = cyattn.scaled_dot_product_attention(q, k8, v8, key_scale=odd, value_scale=odd,
+                                              enable_gqa=True)
+    ref = cyattn.scaled_dot_product_attention(q, k8, v8, key_scale=odd.copy(),
+                                              value_scale=odd.copy(), enable_gqa=True)
+    assert np.array_equal(_bits(got), _bits(ref))
+    listed = cyattn.scaled_dot_product_attention(q, k8, v8, key_scale=odd.astype(float).tolist(),
+                                                 value_scale=odd.tolist(), enable_gqa=True)
+    assert np.array_equal(_bits(listed), _bits(ref))
+
+
+@pytest.mark.parametrize("S,E_,L", [(0, 8, 1), (5, 8, 0), (300, 0, 1), (300, 8, 1)])
+def test_empty_dims_and_out(S, E_, L):
+    """S = 0 (zeros, lse -inf), L = 0, E = 0 (scores 0: the mean of the values) and out=."""
+    rng = np.random.default_rng(17)
+    q = rng.standard_normal((2, 4, L, E_)).astype(np.float32)
+    k8 = rng.integers(-9, 10, size=(2, 2, S, E_)).astype(np.int8)
+    v8 = rng.integers(-9, 10, size=(2, 2, S, 3)).astype(np.int8)
+    vs = np.full((2, 2, S, 1), 0.25, np.float32)
+    out = np.full((2, 4, L, 3), 7.0, np.float32)
+    res, lse = cyattn.scaled_dot_product_attention(q, k8, v8, key_scale=0.5, value_scale=vs,
+                                                   enable_gqa=True, return_lse=True, out=out)
+    assert res is out
+    want = numpy_sdpa(q, k8 * 0.5, v8 * 0.25, enable_gqa=True) if S and L else None
+    if S == 0:
+        assert (res == 0).all() and (lse == -np.inf).all()
+    elif want is not None:
+        assert_close(res, want[0], F32, S + E_)
+        assert_close(lse, want[1], F32, S + E_)
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_non_finite_scale(bad):
     q, k8, v8, s = _bad_inputs()
@@ -449,12 +487,12 @@ def test_non_finite_scale(bad):
 
 
 def test_accepted_scale_forms_agree():
-    """A Python float, a NumPy scalar, a 0-d, (1, 1) or per-head float32 array, and float16
-    scales (widened exactly) give the same result for the same values."""
+    """A Python float, a NumPy scalar, a 0-d, (1, 1) or per-head float32 array, float16
+    scales (widened exactly) and a nested list give the same result for the same values."""
     q, k8, v8, _ = _bad_inputs()
     forms = [0.125, np.float32(0.125), np.float64(0.125), np.array(0.125, np.float32),
              np.full((1, 1), 0.125, np.float32), np.full((2, 1, 1), 0.125, np.float32),
-             np.full((1, 2, 64, 1), 0.125, np.float16)]
+             np.full((1, 2, 64, 1), 0.125, np.float16), [[[0.125]], [[0.125]]]]
     res = [cyattn.scaled_dot_product_attention(q, k8, v8, key_scale=f, value_scale=f,
                                                enable_gqa=True) for f in forms]
     for r in res[1:]:

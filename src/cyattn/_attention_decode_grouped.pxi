@@ -80,6 +80,24 @@ cdef inline bint decode_rows_fit(Py_ssize_t L, Py_ssize_t S) noexcept nogil:
     return L <= DECODE_UNGROUPED_MAX_L or S >= L * GDECODE_KEYS_PER_ROW
 
 
+cdef inline void scale_row(floating* row, Py_ssize_t n, const float* sc,
+                           Py_ssize_t rs) noexcept nogil:
+    """row[j] *= sc[j * rs] (8-bit K/V scales: rs 0 for a per-head or per-tensor scale, 1
+    for per-token ones in C order; the two common strides as loops gcc vectorises)."""
+    cdef Py_ssize_t j
+    cdef floating c
+    if rs == 0:
+        c = sc[0]
+        for j in range(n):
+            row[j] = row[j] * c
+    elif rs == 1:
+        for j in range(n):
+            row[j] = row[j] * sc[j]
+    else:
+        for j in range(n):
+            row[j] = row[j] * sc[j * rs]
+
+
 cdef Py_ssize_t decode_group_size(const int64_t* k_off, const int64_t* v_off,
                                   Py_ssize_t batch) noexcept nogil:
     """g such that each run of g consecutive batch entries (g dividing batch) reads one K and
@@ -235,8 +253,7 @@ cdef void gdecode_task(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
         if kv8 and var.k_scale != NULL:           # scale * s_k[j] * dot(q, k8_j)
             sc_row = var.k_scale + var.k_scale_off[b0 + h] + ka * var.k_scale_rs
             sc_rs = var.k_scale_rs
-            for j in range(kb):
-                row[j] = row[j] * sc_row[j * sc_rs]
+            scale_row(row, kb, sc_row, sc_rs)
         if lims[h].has_softcap or lims[h].has_slope:
             row_transform(row, kb, r, ka, &lims[h])
         hi = row_hi(&lims[h], r) - ka
@@ -262,8 +279,7 @@ cdef void gdecode_task(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
         if kv8 and var.v_scale != NULL:           # the value pass adds w_j * s_v[j] * v8_j
             sc_row = var.v_scale + var.v_scale_off[b0 + h] + ka * var.v_scale_rs
             sc_rs = var.v_scale_rs
-            for j in range(kb):
-                row[j] = row[j] * sc_row[j * sc_rs]
+            scale_row(row, kb, sc_row, sc_rs)
     # value pass: accs[p] += sum_j scores[p, j] * v_{ka + j}, in key order, zero weights skipped
     if floating is float:
         # blocks of GDECODE_WIDEN value rows (in L1 for all the rows; 16-bit ones widened first)

@@ -10,7 +10,8 @@
      0xff are NaN): with F16C the bits are moved into binary16 position
      ((x & 0x7f) << 7 | (x & 0x80) << 8, the value times 2^-8 since binary16's bias is 15),
      converted by vcvtph2ps (exact, subnormals included) and multiplied by 2^8 (exact); the
-     NaN codes are given a binary16 NaN exponent first. Elsewhere integer operations and one
+     NaN codes are given a NaN exponent (AVX-512: 16 at a time, the binary16 bits made by
+     (int16)(x << 8) >> 1 with bit 14 cleared). Elsewhere integer operations and one
      exact int -> float conversion, as _cyattn_half.h does for binary16.
    C because Cython has no 8-bit float type and cannot test whether the target has F16C. */
 #ifndef CYATTN_KV8_H
@@ -46,10 +47,42 @@ static inline void cyattn_kv8_to_float(const uint8_t* src, float* dst, ptrdiff_t
     ptrdiff_t i = 0;
     if (fmt == CYATTN_KV8_I8) {
         const int8_t* s = (const int8_t*)src;
+#if defined(__AVX512F__)
+        for (; i + 16 <= n; i += 16)       /* vpmovsxbd + vcvtdq2ps (gcc's own loop took
+                                              three extends and two extracts per 64) */
+            _mm512_storeu_ps(dst + i, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                _mm_loadu_si128((const __m128i*)(s + i)))));
+#elif defined(__AVX2__)
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                _mm_loadl_epi64((const __m128i*)(s + i)))));
+#endif
         for (; i < n; i++)
             dst[i] = (float)s[i];
         return;
     }
+#if CYATTN_HAVE_F16C && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+    {
+        /* 16 at a time: (int16)(x << 8) >> 1 puts the sign in bit 15 (and 14, cleared), the
+           exponent in bits 13..10 and the significand in 9..7 of a binary16; the NaN codes
+           (found on the bytes) get an all-ones float32 exponent and a quiet bit */
+        const __m512 two8 = _mm512_set1_ps(256.0f);
+        const __m256i keep = _mm256_set1_epi16((short)0xbfff);
+        const __m128i low7 = _mm_set1_epi8(0x7f);
+        const __m512i qnan = _mm512_set1_epi32(0x7fc00000);
+        for (; i + 16 <= n; i += 16) {
+            __m128i x = _mm_loadu_si128((const __m128i*)(src + i));
+            __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_and_si128(x, low7), low7);
+            __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(x), 8);
+            __m512 f;
+            h = _mm256_and_si256(_mm256_srai_epi16(h, 1), keep);
+            f = _mm512_mul_ps(_mm512_cvtph_ps(h), two8);
+            f = _mm512_castsi512_ps(_mm512_mask_or_epi32(_mm512_castps_si512(f), nan,
+                                                         _mm512_castps_si512(f), qnan));
+            _mm512_storeu_ps(dst + i, f);
+        }
+    }
+#endif
 #if CYATTN_HAVE_F16C && defined(__AVX2__)
     {
         const __m256 two8 = _mm256_set1_ps(256.0f);

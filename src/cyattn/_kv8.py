@@ -37,8 +37,9 @@ def check_scale(scale, name, arr, arr_name, fname):
     """The validated scale of ``arr`` (None, or a C-contiguous float32 array whose shape
     broadcasts to ``arr.shape[:-1] + (1,)``).
 
-    A Python or NumPy real scalar is rounded to float32; arrays must be float32 (float16 and
-    bfloat16 are widened, exactly); float64 arrays and other dtypes raise ValueError, as do a
+    A Python or NumPy real scalar, or a list of Python numbers, is rounded to float32; arrays
+    must be float32 (float16 and bfloat16 are widened, exactly); float64 arrays (whose
+    rounding the caller should choose) and other dtypes raise ValueError, as do a
     shape that does not broadcast and non-finite values. A scale for a key or value that is
     not 8-bit raises TypeError, as does an int8 one without a scale."""
     code = kv8_code(arr.dtype)
@@ -60,12 +61,15 @@ def check_scale(scale, name, arr, arr_name, fname):
             s = np.asarray(float(scale), dtype=_FLOAT32)
     else:
         s = _as_array(scale)
-        if s is None:
+        if s is None:           # a (nested) list of Python numbers: rounded, as a scalar is
             try:
                 s = np.asarray(scale)
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"{fname}: {name} could not be converted to an array ({exc}); "
                                  f"expected float32 scales") from None
+            if s.dtype.kind in "iuf" and s.dtype.itemsize > 1:
+                with np.errstate(over="ignore"):
+                    s = s.astype(_FLOAT32)
         if s.dtype.kind == "f" and not s.dtype.isnative:
             s = s.astype(s.dtype.newbyteorder("="))
         if s.dtype in _EXACT_IN_FLOAT32 or (s.dtype.name == "bfloat16" and s.dtype.itemsize == 2):
@@ -82,7 +86,9 @@ def check_scale(scale, name, arr, arr_name, fname):
     if not np.isfinite(s).all():
         raise ValueError(f"{fname}: {name} has a non-finite value ({s[~np.isfinite(s)][0]!r}); "
                          f"expected finite scales")
-    return np.ascontiguousarray(s)
+    if not (s.flags.c_contiguous and s.flags.aligned):
+        s = np.array(s, order="C", copy=True)     # (ascontiguousarray keeps a misaligned one)
+    return s
 
 
 def dequantize(arr, scale, dtype):
