@@ -325,7 +325,6 @@ def test_float8_nan_makes_its_row_nan_and_is_never_read_when_masked():
 def test_long_query_and_float64_take_the_dequantised_path(kind):
     """More than 16 query rows (prefill), float64 and half-precision queries, and mixed K/V
     (one 8-bit, one float) dequantise: the results of the dequantised arrays."""
-    rng = np.random.default_rng(13)
     q, k8, v8, ks, vs, kw = _case(1, 2, 2, 40, 300, kind, "token", "causal-br")
     kw.pop("return_lse")
     kd, vd = _dequantised(k8, ks), _dequantised(v8, vs)
@@ -349,7 +348,6 @@ def test_long_query_and_float64_take_the_dequantised_path(kind):
         assert got.dtype == BF16          # 8-bit K/V do not take part in the promotion
         ref = _call(q[..., :3, :], k8, v8, ks, vs, kw, 2)
         assert np.array_equal(_bits(got), _bits(ref.astype(BF16)))
-    del rng
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -193,8 +193,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         Arrays must be float32 (float16 and bfloat16 are widened, exactly; a float64 array
         is refused, so that its rounding stays the caller's choice); a Python or NumPy
         scalar, or a list of Python numbers, is rounded to float32; every scale must be
-        finite (0 and negative values are allowed). A non-contiguous scale array is copied (its size is
-        ``1 / E`` of its cache's elements). vLLM's ``kv_cache_dtype="fp8"`` is float8_e4m3fn
+        finite (0 and negative values are allowed). A non-contiguous or misaligned scale
+        array is copied (its size is ``1 / E`` of its cache's elements). vLLM's ``kv_cache_dtype="fp8"`` is float8_e4m3fn
         with a per-tensor scale (``k_scale``); llama.cpp's ``q8_0`` is int8 with one scale
         per 32 elements, a per-token scale only when E = 32 (see the README).
 
