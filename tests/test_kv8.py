@@ -235,6 +235,21 @@ def test_power_of_two_scales_give_the_float32_bits(variant, case, kind):
         assert np.array_equal(_bits(got[1]), _bits(ref[1])), option
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("e,ev", [(128, 128), (67, 45)])
+def test_power_of_two_scales_wide_heads(variant, in_place, kind, e, ev):
+    """As above with heads wide enough for the passes' vector loops, odd row counts (an odd
+    last query row) and key counts that leave 1-3 keys of a block."""
+    for g, L, S in ((3, 1, 301), (2, 3, 259), (5, 1, 514)):
+        q, k8, v8, ks, vs, kw = _case(1, 2, g, L, S, kind, "pow2", "causal-br", e=e, ev=ev)
+        got = _call(q, k8, v8, ks, vs, kw, 3)
+        ref = cyattn.scaled_dot_product_attention(
+            q, _dequantised(k8, ks).astype(np.float32), _dequantised(v8, vs).astype(np.float32),
+            n_threads=3, **kw)
+        assert np.array_equal(_bits(got[0]), _bits(ref[0])), (g, L, S)
+        assert np.array_equal(_bits(got[1]), _bits(ref[1])), (g, L, S)
+
+
 @pytest.mark.parametrize("L", range(1, 17))
 @pytest.mark.parametrize("g", [1, 2, 4, 8])
 def test_every_row_count_and_group(in_place, L, g):

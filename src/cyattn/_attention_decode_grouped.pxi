@@ -33,7 +33,7 @@
 #   O(batch x chunks x L x Ev).
 # * 8-bit K/V (kv_fmt CYATTN_KV8_I8 / CYATTN_KV8_E4M3, _cyattn_kv8.h; float32 compute): every
 #   8-bit call takes this path (decode_dispatch), its rows widened into the L1 block as the
-#   16-bit ones are, without their scales: a key's scale multiplies the key's scores after the
+#   16-bit ones are (int8 on AVX-512: in registers, _cyattn_kv8.h), without their scales: a key's scale multiplies the key's scores after the
 #   key pass (scale * s_k[j] * dot(q, k8_j)), a value's scale the key's weights after the
 #   softmax sums (w_j * s_v[j]), so the element loops only convert. The scales of batch entry
 #   bi are read at var.k_scale / var.v_scale (per row's head, so heads that share K and V but
@@ -58,7 +58,14 @@ cdef extern from "_cyattn_decode_rows.h":
 cdef extern from "_cyattn_kv8.h":
     int CYATTN_KV8_I8
     int CYATTN_KV8_E4M3
+    int CYATTN_KV8_IN_REGISTERS
     void cyattn_kv8_to_float(const uint8_t* src, float* dst, Py_ssize_t n, int fmt) noexcept nogil
+    void cyattn_gdot_i8(float* scores, Py_ssize_t ss, const float* q, Py_ssize_t qs,
+                        Py_ssize_t nq, const signed char* k, Py_ssize_t rows, Py_ssize_t ks,
+                        Py_ssize_t n, float scale, float* kvbuf) noexcept nogil
+    void cyattn_gwsum_i8(float* acc, Py_ssize_t acc_stride, const float* w, Py_ssize_t ws,
+                         Py_ssize_t nq, const signed char* v, Py_ssize_t rows, Py_ssize_t vs,
+                         Py_ssize_t n) noexcept nogil
 
 
 cdef enum:
@@ -212,7 +219,12 @@ cdef void gdecode_task(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
         while jb < kb:
             nb = kb - jb if kb - jb < GDECODE_WIDEN else GDECODE_WIDEN
             pfs.start = jb + pf
-            if kv8:
+            if kv_fmt == CYATTN_KV8_I8 and CYATTN_KV8_IN_REGISTERS:
+                for j in range(nb):             # int8 widened in registers (same bits)
+                    cyattn_pf_step(&pfs, j)
+                cyattn_gdot_i8(scores + jb, kb, qbuf, E, n,
+                               <const signed char*>kc + jb * k_rs, nb, k_rs, E, scale, kvbuf)
+            elif kv8:
                 for j in range(nb):
                     cyattn_pf_step(&pfs, j)
                     cyattn_kv8_to_float(<const uint8_t*>kc + (jb + j) * k_rs, kvbuf + j * E,
@@ -296,7 +308,12 @@ cdef void gdecode_task(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
         while jb < kb:
             nb = kb - jb if kb - jb < GDECODE_WIDEN else GDECODE_WIDEN
             pfs.start = jb + pf
-            if kv8:
+            if kv_fmt == CYATTN_KV8_I8 and CYATTN_KV8_IN_REGISTERS:
+                for j in range(nb):             # int8 widened in registers (same bits)
+                    cyattn_pf_step(&pfs, j)
+                cyattn_gwsum_i8(accs, Ev, scores + jb, kb, n,
+                                <const signed char*>vc + jb * v_rs, nb, v_rs, Ev)
+            elif kv8:
                 for j in range(nb):
                     cyattn_pf_step(&pfs, j)
                     cyattn_kv8_to_float(<const uint8_t*>vc + (jb + j) * v_rs, kvbuf + j * Ev,

@@ -114,4 +114,177 @@ static inline float cyattn_kv8_widen1(const uint8_t* v, ptrdiff_t i, int fmt) {
     return f;
 }
 
+/* ---- in-register int8 passes (AVX-512) ------------------------------------------------
+   The grouped decode's key and value passes over int8 rows, widening each 16-element vector
+   in registers (vpmovsxbd + vcvtdq2ps) where cyattn_gdot_f32 / cyattn_gwsum_f32 load float32:
+   the same operations in the same order on the same (exact) values, so the bits of the
+   widened block's passes, without writing the block (its stores, four bytes per element,
+   bound the block widening). The pieces that those helpers hand to cyattn_dot_rows (an odd
+   last query row, the last rows % 4 keys) widen their few rows into kvbuf first. Built only
+   where the float32 helpers take their AVX-512 paths (CYATTN_KV8_IN_REGISTERS), so that the
+   two always agree; elsewhere the caller widens blocks. */
+#include "_cyattn_decode_rows.h"
+#if defined(__AVX512F__) && CYATTN_HAVE_F16C && defined(CYATTN_DOT_KEYS) && CYATTN_DOT_KEYS == 4
+#define CYATTN_KV8_IN_REGISTERS 1
+
+CYATTN_INLINE __m512 cyattn_i8_load16(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+}
+
+/* cyattn_gdot_f32 over int8 key rows k (row stride ks), kvbuf: 4 * n floats of scratch */
+static void cyattn_gdot_i8(float* scores, ptrdiff_t ss, const float* q, ptrdiff_t qs,
+                           ptrdiff_t nq, const int8_t* k, ptrdiff_t rows, ptrdiff_t ks,
+                           ptrdiff_t n, float scale, float* kvbuf) {
+    ptrdiff_t j = 0, i, e;
+    const __m128 sc = _mm_set1_ps(scale);
+    for (; j + 4 <= rows; j += 4) {
+        ptrdiff_t r = 0;
+        const int8_t* k0 = k + j * ks;
+        const int8_t* k1 = k0 + ks;
+        const int8_t* k2 = k1 + ks;
+        const int8_t* k3 = k2 + ks;
+        for (; r + 2 <= nq; r += 2) {
+            const float* qa = q + r * qs;
+            const float* qb = qa + qs;
+            __m512 al0 = _mm512_setzero_ps(), al1 = al0, al2 = al0, al3 = al0;
+            __m512 ah0 = al0, ah1 = al0, ah2 = al0, ah3 = al0;
+            __m512 bl0 = al0, bl1 = al0, bl2 = al0, bl3 = al0;
+            __m512 bh0 = al0, bh1 = al0, bh2 = al0, bh3 = al0;
+            float ta[4] = {0, 0, 0, 0}, tb[4] = {0, 0, 0, 0};
+            for (e = 0; e + 32 <= n; e += 32) {
+                __m512 qa0 = _mm512_loadu_ps(qa + e), qa1 = _mm512_loadu_ps(qa + e + 16);
+                __m512 qb0 = _mm512_loadu_ps(qb + e), qb1 = _mm512_loadu_ps(qb + e + 16);
+                __m512 x, y;
+                x = cyattn_i8_load16(k0 + e); y = cyattn_i8_load16(k0 + e + 16);
+                al0 = _mm512_fmadd_ps(qa0, x, al0); ah0 = _mm512_fmadd_ps(qa1, y, ah0);
+                bl0 = _mm512_fmadd_ps(qb0, x, bl0); bh0 = _mm512_fmadd_ps(qb1, y, bh0);
+                x = cyattn_i8_load16(k1 + e); y = cyattn_i8_load16(k1 + e + 16);
+                al1 = _mm512_fmadd_ps(qa0, x, al1); ah1 = _mm512_fmadd_ps(qa1, y, ah1);
+                bl1 = _mm512_fmadd_ps(qb0, x, bl1); bh1 = _mm512_fmadd_ps(qb1, y, bh1);
+                x = cyattn_i8_load16(k2 + e); y = cyattn_i8_load16(k2 + e + 16);
+                al2 = _mm512_fmadd_ps(qa0, x, al2); ah2 = _mm512_fmadd_ps(qa1, y, ah2);
+                bl2 = _mm512_fmadd_ps(qb0, x, bl2); bh2 = _mm512_fmadd_ps(qb1, y, bh2);
+                x = cyattn_i8_load16(k3 + e); y = cyattn_i8_load16(k3 + e + 16);
+                al3 = _mm512_fmadd_ps(qa0, x, al3); ah3 = _mm512_fmadd_ps(qa1, y, ah3);
+                bl3 = _mm512_fmadd_ps(qb0, x, bl3); bh3 = _mm512_fmadd_ps(qb1, y, bh3);
+            }
+            for (; e < n; e++)
+                for (i = 0; i < 4; i++) {
+                    float kv = (float)k[(j + i) * ks + e];
+                    ta[i] = CYATTN_MADD(qa[e], kv, ta[i]);
+                    tb[i] = CYATTN_MADD(qb[e], kv, tb[i]);
+                }
+            _mm_storeu_ps(scores + r * ss + j, _mm_mul_ps(sc, _mm_add_ps(
+                cyattn_tree4(_mm512_add_ps(al0, ah0), _mm512_add_ps(al1, ah1),
+                             _mm512_add_ps(al2, ah2), _mm512_add_ps(al3, ah3)),
+                _mm_loadu_ps(ta))));
+            _mm_storeu_ps(scores + (r + 1) * ss + j, _mm_mul_ps(sc, _mm_add_ps(
+                cyattn_tree4(_mm512_add_ps(bl0, bh0), _mm512_add_ps(bl1, bh1),
+                             _mm512_add_ps(bl2, bh2), _mm512_add_ps(bl3, bh3)),
+                _mm_loadu_ps(tb))));
+        }
+        if (r < nq) {                      /* an odd last row: as cyattn_gdot_f32 does */
+            for (i = 0; i < 4; i++)
+                cyattn_kv8_to_float((const uint8_t*)(k + (j + i) * ks), kvbuf + i * n, n,
+                                    CYATTN_KV8_I8);
+            cyattn_dot_rows(scores + r * ss + j, ss, q + r * qs, qs, 1, kvbuf, 4, n, n, 0,
+                            scale, NULL, 0, 0, 0);
+        }
+    }
+    if (j < rows) {
+        for (i = j; i < rows; i++)
+            cyattn_kv8_to_float((const uint8_t*)(k + i * ks), kvbuf + (i - j) * n, n,
+                                CYATTN_KV8_I8);
+        cyattn_dot_rows(scores + j, ss, q, qs, nq, kvbuf, rows - j, n, n, 0, scale, NULL, 0,
+                        0, 0);
+    }
+}
+
+/* cyattn_gwsum_block over int8 value rows */
+CYATTN_INLINE void cyattn_gwsum_block_i8(float* acc, ptrdiff_t as, const float* w,
+                                         ptrdiff_t ws, const int nq, const int nb,
+                                         const int8_t* v, ptrdiff_t rows, ptrdiff_t vs,
+                                         ptrdiff_t e0) {
+    __m512 a[3][8];
+    ptrdiff_t j;
+    int r, b;
+    for (r = 0; r < nq; r++)
+        for (b = 0; b < nb; b++)
+            a[r][b] = _mm512_loadu_ps(acc + r * as + e0 + b * 16);
+    for (j = 0; j < rows; j++) {
+        __m512 wr[3];
+        __mmask16 nz[3];
+        for (r = 0; r < nq; r++) {
+            wr[r] = _mm512_set1_ps(w[r * ws + j]);
+            nz[r] = _mm512_cmp_ps_mask(wr[r], _mm512_setzero_ps(), _CMP_NEQ_UQ);
+        }
+        for (b = 0; b < nb; b++) {
+            __m512 x = cyattn_i8_load16(v + j * vs + e0 + b * 16);
+            for (r = 0; r < nq; r++)
+                a[r][b] = _mm512_mask3_fmadd_ps(wr[r], x, a[r][b], nz[r]);
+        }
+    }
+    for (r = 0; r < nq; r++)
+        for (b = 0; b < nb; b++)
+            _mm512_storeu_ps(acc + r * as + e0 + b * 16, a[r][b]);
+}
+
+CYATTN_INLINE void cyattn_gwsum_rows3_i8(float* acc, ptrdiff_t as, const float* w,
+                                         ptrdiff_t ws, const int nq, const int8_t* v,
+                                         ptrdiff_t rows, ptrdiff_t vs, ptrdiff_t n) {
+    ptrdiff_t e0 = 0, j, e;
+    int r;
+    for (; e0 + 128 <= n; e0 += 128)
+        cyattn_gwsum_block_i8(acc, as, w, ws, nq, 8, v, rows, vs, e0);
+    if (e0 + 64 <= n) {
+        cyattn_gwsum_block_i8(acc, as, w, ws, nq, 4, v, rows, vs, e0);
+        e0 += 64;
+    }
+    if (e0 + 32 <= n) {
+        cyattn_gwsum_block_i8(acc, as, w, ws, nq, 2, v, rows, vs, e0);
+        e0 += 32;
+    }
+    if (e0 + 16 <= n) {
+        cyattn_gwsum_block_i8(acc, as, w, ws, nq, 1, v, rows, vs, e0);
+        e0 += 16;
+    }
+    if (e0 >= n)
+        return;
+    for (j = 0; j < rows; j++)
+        for (r = 0; r < nq; r++) {
+            float wj = w[r * ws + j];
+            if (wj == 0) continue;
+            for (e = e0; e < n; e++)
+                acc[r * as + e] = CYATTN_MADD(wj, (float)v[j * vs + e], acc[r * as + e]);
+        }
+}
+
+/* cyattn_gwsum_f32 over int8 value rows */
+static void cyattn_gwsum_i8(float* acc, ptrdiff_t as, const float* w, ptrdiff_t ws,
+                            ptrdiff_t nq, const int8_t* v, ptrdiff_t rows, ptrdiff_t vs,
+                            ptrdiff_t n) {
+    ptrdiff_t r = 0;
+    for (; r + 3 <= nq; r += 3)
+        cyattn_gwsum_rows3_i8(acc + r * as, as, w + r * ws, ws, 3, v, rows, vs, n);
+    if (nq - r == 2)
+        cyattn_gwsum_rows3_i8(acc + r * as, as, w + r * ws, ws, 2, v, rows, vs, n);
+    else if (nq - r == 1)
+        cyattn_gwsum_rows3_i8(acc + r * as, as, w + r * ws, ws, 1, v, rows, vs, n);
+}
+#else
+#define CYATTN_KV8_IN_REGISTERS 0
+/* never called: the caller tests CYATTN_KV8_IN_REGISTERS */
+static inline void cyattn_gdot_i8(float* scores, ptrdiff_t ss, const float* q, ptrdiff_t qs,
+                                  ptrdiff_t nq, const int8_t* k, ptrdiff_t rows, ptrdiff_t ks,
+                                  ptrdiff_t n, float scale, float* kvbuf) {
+    (void)scores; (void)ss; (void)q; (void)qs; (void)nq; (void)k; (void)rows; (void)ks;
+    (void)n; (void)scale; (void)kvbuf;
+}
+static inline void cyattn_gwsum_i8(float* acc, ptrdiff_t as, const float* w, ptrdiff_t ws,
+                                   ptrdiff_t nq, const int8_t* v, ptrdiff_t rows,
+                                   ptrdiff_t vs, ptrdiff_t n) {
+    (void)acc; (void)as; (void)w; (void)ws; (void)nq; (void)v; (void)rows; (void)vs; (void)n;
+}
+#endif
+
 #endif /* CYATTN_KV8_H */
