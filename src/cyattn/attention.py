@@ -189,7 +189,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         Dequantisation scales of an 8-bit ``key`` / ``value`` (see above), broadcastable to
         ``key.shape[:-1] + (1,)`` (``value.shape[:-1] + (1,)``): per token and head
         ``(..., H, S, 1)``, per head ``(..., H, 1, 1)``, or one scale for the tensor. The
-        value used is exactly ``scale * element`` (as ``cyattn.oracle`` dequantises).
+        value used is exactly ``scale * element`` (as ``cyattn.oracle`` dequantises), with
+        one exception: on the decode path a value row whose scale is 0 adds nothing, even
+        where its float8 elements are NaN (dequantised, ``0 * NaN`` is NaN).
         Arrays must be float32 (float16 and bfloat16 are widened, exactly; a float64 array
         is refused, so that its rounding stays the caller's choice); a Python or NumPy
         scalar, or a list of Python numbers, is rounded to float32; every scale must be
