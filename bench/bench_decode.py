@@ -17,7 +17,13 @@ Printed per case: each call's median time, cyattn's K+V read rate in GB/s and as
 of NumPy's, the paired ratios (median over rounds) of torch's, ORT's and the 8-head call's
 time to cyattn's.
 
-    python bench/bench_decode.py [--threads 1 2] [--samples 7] [--quick]
+8-bit K/V (``--kv8``, or ``--kv8-only``): one decode step (L = 1) with int8 K/V (per-token
+key scales, per-head value scales) and float8_e4m3fn K/V (no scales), interleaved with the
+bfloat16 call on the same shape and NumPy reading the 8-bit K+V once; printed: each call's
+time, the 8-bit calls' K+V read rate and its fraction of NumPy's read of the same bytes, and
+the bfloat16 call's time over theirs (issue 39's targets: >= 85 % and >= 1.8x).
+
+    python bench/bench_decode.py [--threads 1 2] [--samples 7] [--quick] [--kv8 | --kv8-only]
 """
 import argparse
 import os
@@ -128,11 +134,50 @@ def case(B, L, S, name, dtype, n, samples, E=128, Hq=32, Hkv=8):
     print(line, flush=True)
 
 
+def case_kv8(B, S, n, samples, E=128, Hq=32, Hkv=8):
+    """One decode step with int8 and float8 K/V against the bfloat16 call (see the docstring)."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        print("  ml_dtypes is not installed: 8-bit cases left out")
+        return
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((B, Hq, 1, E)).astype(np.float32)
+    k = rng.standard_normal((B, Hkv, S, E)).astype(np.float32)
+    v = rng.standard_normal((B, Hkv, S, E)).astype(np.float32)
+    bf = ml_dtypes.bfloat16
+    qb, kb, vb = q.astype(bf), k.astype(bf), v.astype(bf)
+    ks = (np.abs(k).max(axis=-1, keepdims=True) / 127).astype(np.float32)
+    vs = (np.abs(v).max(axis=(-2, -1), keepdims=True) / 127).astype(np.float32)
+    k8 = np.round(k / ks).astype(np.int8)
+    v8 = np.round(v / vs).astype(np.int8)
+    kf8, vf8 = k.astype(ml_dtypes.float8_e4m3fn), v.astype(ml_dtypes.float8_e4m3fn)
+    kw = dict(enable_gqa=True, n_threads=n)
+    fns = {"bfloat16": lambda: cyattn.scaled_dot_product_attention(qb, kb, vb, **kw),
+           "int8": lambda: cyattn.scaled_dot_product_attention(q, k8, v8, key_scale=ks,
+                                                               value_scale=vs, **kw),
+           "float8": lambda: cyattn.scaled_dot_product_attention(q, kf8, vf8, **kw),
+           "read 8-bit K+V": read_once([k8, v8], n)}
+    times = interleaved(fns, samples=samples, target=0.05, pause=0.15 if n > 1 else 0.0)
+    med = {key: statistics.median(t) for key, t in times.items()}
+    kv = k8.nbytes + v8.nbytes
+    print(f"  B={B} {Hq}/{Hkv} heads L=1 S={S} E={E} 8-bit K/V "
+          f"({kv / 2**20:.0f} MiB; bfloat16 {2 * kv / 2**20:.0f} MiB)")
+    print("    " + "  ".join(f"{key} {t * 1e3:.3f} ms" for key, t in med.items()))
+    for name in ("int8", "float8"):
+        print(f"    {name}: {kv / med[name] / 1e9:.1f} GB/s = "
+              f"{paired_ratio(times['read 8-bit K+V'], times[name]) * 100:.0f} % of read "
+              f"({kv / med['read 8-bit K+V'] / 1e9:.1f} GB/s); bfloat16 / {name} "
+              f"{paired_ratio(times['bfloat16'], times[name]):.2f}x", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--samples", type=int, default=7)
     ap.add_argument("--quick", action="store_true", help="B=8 S=4096 cases only")
+    ap.add_argument("--kv8", action="store_true", help="also the 8-bit K/V cases")
+    ap.add_argument("--kv8-only", action="store_true", help="only the 8-bit K/V cases")
     args = ap.parse_args(argv)
     from cyattn._bench.machine import _cpu_name
     print(f"cyattn {cyattn.__version__} ({_backend.variant}), numpy {np.__version__}, torch "
@@ -145,9 +190,12 @@ def main(argv=None):
         if torch is not None:
             torch.set_num_threads(n)
         print(f"\n{n} thread(s)")
-        for B, L, S in cases:
+        for B, L, S in ([] if args.kv8_only else cases):
             for name, dtype in _dtypes().items():
                 case(B, L, S, name, dtype, n, args.samples)
+        if args.kv8 or args.kv8_only:
+            for B, S in [(8, 4096)] + ([] if args.quick else [(1, 4096), (1, 32768)]):
+                case_kv8(B, S, n, args.samples)
 
 
 if __name__ == "__main__":

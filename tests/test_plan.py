@@ -49,7 +49,7 @@ _RULES = {
         "while (chunk > GDECODE_MIN_CHUNK and ngroups * nhb * ((hi_all + chunk - 1) // chunk "
         "- lo_all // chunk) < GDECODE_MIN_TASKS):",
         "for t in prange(ntasks, schedule='static'):",
-        "if g == 1 and L <= DECODE_UNGROUPED_MAX_L:"],
+        "if g == 1 and L <= DECODE_UNGROUPED_MAX_L and kv_fmt < CYATTN_KV8_I8:"],
 }
 
 
@@ -106,6 +106,8 @@ def test_attention_mirror_by_hand():
     assert len(g.tasks) == 8 * 8 * 8 and set(g.tasks) == {4 * 512 * 256}   # 4 heads x chunk
     g = _plan.attention(32, 8, 4096, 128, 128, 16, consts=c, group=4)      # L = 8: 128 keys
     assert len(g.tasks) == 8 * 32 and set(g.tasks) == {4 * 8 * 128 * 256}
+    k8 = _plan.attention(8, 1, 4096, 128, 128, 16, consts=c, kv8=True)      # 8-bit K/V, g = 1:
+    assert k8.name.startswith("grouped") and len(k8.tasks) == 8 * 4096 // 128   # grouped
     fused = _plan.attention(32, 16, 64, 64, 64, 16, consts=c, group=4)       # S < 16 L: fused
     assert not fused.name.startswith(("decode", "grouped"))
     with pytest.raises(ValueError, match="group=3"):

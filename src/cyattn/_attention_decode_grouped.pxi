@@ -31,6 +31,13 @@
 # * No copy of K or V is made: the per-thread scratch is the packed query rows, their scores
 #   over one chunk and their accumulators (O(rows x (E + chunk + Ev))), the partials
 #   O(batch x chunks x L x Ev).
+# * 8-bit K/V (kv_fmt CYATTN_KV8_I8 / CYATTN_KV8_E4M3, _cyattn_kv8.h; float32 compute): every
+#   8-bit call takes this path (decode_dispatch), its rows widened into the L1 block as the
+#   16-bit ones are (int8 on AVX-512: in registers, _cyattn_kv8.h), without their scales: a key's scale multiplies the key's scores after the
+#   key pass (scale * s_k[j] * dot(q, k8_j)), a value's scale the key's weights after the
+#   softmax sums (w_j * s_v[j]), so the element loops only convert. The scales of batch entry
+#   bi are read at var.k_scale / var.v_scale (per row's head, so heads that share K and V but
+#   not scales are right too).
 
 cdef extern from "_cyattn_decode_rows.h":
     ctypedef struct cyattn_pf_stream:
@@ -46,6 +53,19 @@ cdef extern from "_cyattn_decode_rows.h":
     void cyattn_gwsum_f32(float* acc, Py_ssize_t acc_stride, const float* w, Py_ssize_t ws,
                           Py_ssize_t nq, const float* v, Py_ssize_t rows, Py_ssize_t vs,
                           Py_ssize_t n, const cyattn_pf_stream* pf) noexcept nogil
+
+
+cdef extern from "_cyattn_kv8.h":
+    int CYATTN_KV8_I8
+    int CYATTN_KV8_E4M3
+    int CYATTN_KV8_IN_REGISTERS
+    void cyattn_kv8_to_float(const uint8_t* src, float* dst, Py_ssize_t n, int fmt) noexcept nogil
+    void cyattn_gdot_i8(float* scores, Py_ssize_t ss, const float* q, Py_ssize_t qs,
+                        Py_ssize_t nq, const signed char* k, Py_ssize_t rows, Py_ssize_t ks,
+                        Py_ssize_t n, float scale, float* kvbuf) noexcept nogil
+    void cyattn_gwsum_i8(float* acc, Py_ssize_t acc_stride, const float* w, Py_ssize_t ws,
+                         Py_ssize_t nq, const signed char* v, Py_ssize_t rows, Py_ssize_t vs,
+                         Py_ssize_t n) noexcept nogil
 
 
 cdef enum:
@@ -65,6 +85,24 @@ cdef inline bint decode_rows_fit(Py_ssize_t L, Py_ssize_t S) noexcept nogil:
     a few rows (a short text in cyattn.encoder, alone or padded in a batch) stays on the
     fused path, so its bits do not depend on the batch it is in."""
     return L <= DECODE_UNGROUPED_MAX_L or S >= L * GDECODE_KEYS_PER_ROW
+
+
+cdef inline void scale_row(floating* row, Py_ssize_t n, const float* sc,
+                           Py_ssize_t rs) noexcept nogil:
+    """row[j] *= sc[j * rs] (8-bit K/V scales: rs 0 for a per-head or per-tensor scale, 1
+    for per-token ones in C order; the two common strides as loops gcc vectorises)."""
+    cdef Py_ssize_t j
+    cdef floating c
+    if rs == 0:
+        c = sc[0]
+        for j in range(n):
+            row[j] = row[j] * c
+    elif rs == 1:
+        for j in range(n):
+            row[j] = row[j] * sc[j]
+    else:
+        for j in range(n):
+            row[j] = row[j] * sc[j * rs]
 
 
 cdef Py_ssize_t decode_group_size(const int64_t* k_off, const int64_t* v_off,
@@ -112,10 +150,13 @@ cdef void gdecode_task(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
     cdef Py_ssize_t row_head[GDECODE_MAX_ROWS]   # packed row -> head index (0 .. nh-1)
     cdef Py_ssize_t row_q[GDECODE_MAX_ROWS]      # packed row -> query row
     cdef Py_ssize_t h, r, p, n, j, e, lo, hi, ka = -1, kz = 0, kb, mo, live, nq, jb, nb, pf
-    cdef Py_ssize_t esz = 2 if kv_fmt != 0 else <Py_ssize_t>sizeof(floating)
+    cdef bint kv8 = kv_fmt >= CYATTN_KV8_I8
+    cdef Py_ssize_t esz = (1 if kv8 else 2) if kv_fmt != 0 else <Py_ssize_t>sizeof(floating)
     cdef floating floor_ = SHIFT_FLOOR_F32 if floating is float else SHIFT_FLOOR_F64
     cdef floating neg_inf = <floating>-CYATTN_INF
     cdef floating m, shift, total, w
+    cdef const float* sc_row
+    cdef Py_ssize_t sc_rs
     cdef floating* row
     cdef floating* acc
     cdef floating* part
@@ -178,7 +219,18 @@ cdef void gdecode_task(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
         while jb < kb:
             nb = kb - jb if kb - jb < GDECODE_WIDEN else GDECODE_WIDEN
             pfs.start = jb + pf
-            if kv_fmt != 0:
+            if kv_fmt == CYATTN_KV8_I8 and CYATTN_KV8_IN_REGISTERS:
+                for j in range(nb):             # int8 widened in registers (same bits)
+                    cyattn_pf_step(&pfs, j)
+                cyattn_gdot_i8(scores + jb, kb, qbuf, E, n,
+                               <const signed char*>kc + jb * k_rs, nb, k_rs, E, scale, kvbuf)
+            elif kv8:
+                for j in range(nb):
+                    cyattn_pf_step(&pfs, j)
+                    cyattn_kv8_to_float(<const uint8_t*>kc + (jb + j) * k_rs, kvbuf + j * E,
+                                        E, kv_fmt)
+                cyattn_gdot_f32(scores + jb, kb, qbuf, E, n, kvbuf, nb, E, E, scale, NULL)
+            elif kv_fmt != 0:
                 for j in range(nb):
                     cyattn_pf_step(&pfs, j)
                     cyattn_half_to_float(<const uint16_t*>kc + (jb + j) * k_rs, kvbuf + j * E,
@@ -210,6 +262,10 @@ cdef void gdecode_task(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
         h = row_head[p]
         r = row_q[p]
         row = scores + p * kb
+        if kv8 and var.k_scale != NULL:           # scale * s_k[j] * dot(q, k8_j)
+            sc_row = var.k_scale + var.k_scale_off[b0 + h] + ka * var.k_scale_rs
+            sc_rs = var.k_scale_rs
+            scale_row(row, kb, sc_row, sc_rs)
         if lims[h].has_softcap or lims[h].has_slope:
             row_transform(row, kb, r, ka, &lims[h])
         hi = row_hi(&lims[h], r) - ka
@@ -232,6 +288,10 @@ cdef void gdecode_task(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
         part[1] = total
         for e in range(Ev):
             accs[p * Ev + e] = 0
+        if kv8 and var.v_scale != NULL:           # the value pass adds w_j * s_v[j] * v8_j
+            sc_row = var.v_scale + var.v_scale_off[b0 + h] + ka * var.v_scale_rs
+            sc_rs = var.v_scale_rs
+            scale_row(row, kb, sc_row, sc_rs)
     # value pass: accs[p] += sum_j scores[p, j] * v_{ka + j}, in key order, zero weights skipped
     if floating is float:
         # blocks of GDECODE_WIDEN value rows (in L1 for all the rows; 16-bit ones widened first)
@@ -248,7 +308,18 @@ cdef void gdecode_task(const floating* q, const int64_t* q_off, Py_ssize_t q_rs,
         while jb < kb:
             nb = kb - jb if kb - jb < GDECODE_WIDEN else GDECODE_WIDEN
             pfs.start = jb + pf
-            if kv_fmt != 0:
+            if kv_fmt == CYATTN_KV8_I8 and CYATTN_KV8_IN_REGISTERS:
+                for j in range(nb):             # int8 widened in registers (same bits)
+                    cyattn_pf_step(&pfs, j)
+                cyattn_gwsum_i8(accs, Ev, scores + jb, kb, n,
+                                <const signed char*>vc + jb * v_rs, nb, v_rs, Ev)
+            elif kv8:
+                for j in range(nb):
+                    cyattn_pf_step(&pfs, j)
+                    cyattn_kv8_to_float(<const uint8_t*>vc + (jb + j) * v_rs, kvbuf + j * Ev,
+                                        Ev, kv_fmt)
+                cyattn_gwsum_f32(accs, Ev, scores + jb, kb, n, kvbuf, nb, Ev, Ev, NULL)
+            elif kv_fmt != 0:
                 for j in range(nb):
                     cyattn_pf_step(&pfs, j)
                     cyattn_half_to_float(<const uint16_t*>vc + (jb + j) * v_rs, kvbuf + j * Ev,
@@ -389,9 +460,10 @@ cdef void decode_dispatch(const floating* q, const int64_t* q_off, Py_ssize_t q_
                           int* half_redo) noexcept nogil:
     """The decode path (up to DECODE_MAX_L query rows): grouped (decode_grouped) where
     consecutive batch entries share K and V or L > DECODE_UNGROUPED_MAX_L, else
-    decode_attention. Same arguments as decode_attention."""
+    decode_attention; 8-bit K/V (kv_fmt CYATTN_KV8_*) always grouped (only that path reads
+    them). Same arguments as decode_attention."""
     cdef Py_ssize_t g = decode_group_size(k_off, v_off, batch)
-    if g == 1 and L <= DECODE_UNGROUPED_MAX_L:
+    if g == 1 and L <= DECODE_UNGROUPED_MAX_L and kv_fmt < CYATTN_KV8_I8:
         decode_attention(q, q_off, q_rs, k, k_off, k_rs, v, v_off, v_rs, kv_fmt, bmask, amask,
                          m_off, m_rs, m_cs, out, o_off, o_rs, lse, batch, L, S, E, Ev, scale,
                          var, n_threads, status, half_redo)

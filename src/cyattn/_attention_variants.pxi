@@ -37,6 +37,14 @@ cdef struct AttnVariant:
     const int64_t* query_len
     const double* slopes    # ALiBi slope per batch entry, or NULL
     const double* sinks     # sink logit per batch entry, or NULL
+    # 8-bit K/V (kv_fmt CYATTN_KV8_*, decode only): the float32 scale of key row j of batch
+    # entry bi is k_scale[k_scale_off[bi] + j * k_scale_rs] (NULL: 1), likewise for values
+    const float* k_scale
+    const int64_t* k_scale_off
+    Py_ssize_t k_scale_rs
+    const float* v_scale
+    const int64_t* v_scale_off
+    Py_ssize_t v_scale_rs
 
 
 cdef struct RowLimits:

@@ -35,6 +35,10 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
     decode path, or float64 compute: nothing is computed) or a row's result is not finite;
     the caller then redoes the call on float32 inputs, so a half call gives the float32
     call's bits.
+
+    kv_fmt CYATTN_KV8_I8 / CYATTN_KV8_E4M3: k and v hold 8-bit elements (scales in var),
+    which only the decode path reads (grouped, _attention_decode_grouped.pxi); any other call
+    sets half_redo and computes nothing, and the caller runs it on dequantised K and V.
     """
     cdef int status = 0
     cdef int redo_local = 0
@@ -50,7 +54,8 @@ cdef int attention_run(bint dbl, const char* qp, const int64_t* q_off,
                         and q_cs == 1 and k_cs == 1 and v_cs == 1)
     if half_redo == NULL:
         half_redo = &redo_local
-    if (q_fmt != 0 or kv_fmt != 0) and (dbl or (decode and q_fmt != 0)):
+    if (q_fmt != 0 or kv_fmt != 0) and (dbl or (decode and q_fmt != 0)
+                                        or (kv_fmt >= CYATTN_KV8_I8 and not decode)):
         half_redo[0] = 1
         return 0
     if decode:
@@ -102,7 +107,10 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
               Py_ssize_t window_left=-1, Py_ssize_t window_right=-1, double softcap=0.0,
               const int64_t[::1] key_len=None, const int64_t[::1] query_len=None,
               const double[::1] slopes=None, const double[::1] sinks=None, int q_fmt=0,
-              int kv_fmt=0, const int64_t[::1] o_off=None, Py_ssize_t o_rs=-1):
+              int kv_fmt=0, const int64_t[::1] o_off=None, Py_ssize_t o_rs=-1,
+              const float[::1] k_scale=None, const int64_t[::1] k_scale_off=None,
+              Py_ssize_t k_scale_rs=0, const float[::1] v_scale=None,
+              const int64_t[::1] v_scale_off=None, Py_ssize_t v_scale_rs=0):
     """Scaled dot-product attention for `batch = len(q_off)` independent (L, S) problems.
 
     q, k, v, mask are addressed by element offsets per batch entry and element strides.
@@ -119,6 +127,10 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
     elements (as uint16 buffers; float32 compute: float32 out and lse). Returns True if the
     caller must redo such a call on float32 inputs (see attention_run: then nothing, or rows
     that are not finite, was computed), else False.
+    kv_fmt 3 (int8) / 4 (float8_e4m3fn): k and v hold 8-bit elements (uint8 buffers), with
+    scales ``k_scale[k_scale_off[bi] + j * k_scale_rs]`` for key row j of batch entry bi
+    (None: 1; the buffers hold every element so addressed), likewise ``v_scale``; only the
+    decode path reads them (True is returned for any other call, nothing computed).
     """
     cdef Py_buffer qv, kv, vv, mv, ov, lv
     cdef char* mp = NULL
@@ -137,6 +149,22 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
     var.query_len = &query_len[0] if query_len is not None and query_len.shape[0] > 0 else NULL
     var.slopes = &slopes[0] if slopes is not None and slopes.shape[0] > 0 else NULL
     var.sinks = &sinks[0] if sinks is not None and sinks.shape[0] > 0 else NULL
+    var.k_scale = NULL
+    var.v_scale = NULL
+    var.k_scale_off = NULL
+    var.v_scale_off = NULL
+    var.k_scale_rs = k_scale_rs
+    var.v_scale_rs = v_scale_rs
+    if k_scale is not None and k_scale.shape[0] > 0:
+        if k_scale_off is None or k_scale_off.shape[0] != q_off.shape[0]:
+            raise ValueError("cyattn kernels: k_scale needs one offset per batch entry")
+        var.k_scale = &k_scale[0]
+        var.k_scale_off = &k_scale_off[0]
+    if v_scale is not None and v_scale.shape[0] > 0:
+        if v_scale_off is None or v_scale_off.shape[0] != q_off.shape[0]:
+            raise ValueError("cyattn kernels: v_scale needs one offset per batch entry")
+        var.v_scale = &v_scale[0]
+        var.v_scale_off = &v_scale_off[0]
     if o_off is not None and (o_off.shape[0] != q_off.shape[0] or o_rs < 0):
         raise ValueError("cyattn kernels: o_off needs one offset per batch entry and o_rs >= 0")
     cdef char* qp = _buf(q, &qv, False)
@@ -153,7 +181,8 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
                     try:
                         lp = _buf(lse, &lv, True)
                         try:
-                            if ((kv_fmt != 0 and (kv.itemsize != 2 or vv.itemsize != 2))
+                            if ((kv_fmt != 0 and (kv.itemsize != (1 if kv_fmt >= 3 else 2)
+                                                  or vv.itemsize != kv.itemsize))
                                     or (kv_fmt == 0 and kv.itemsize != ov.itemsize)
                                     or qv.itemsize != (2 if q_fmt != 0 else ov.itemsize)
                                     or ((q_fmt != 0 or kv_fmt != 0) and ov.itemsize != 4)):

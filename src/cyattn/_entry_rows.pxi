@@ -122,6 +122,28 @@ def half_to_float32(x, out, int fmt):
         PyBuffer_Release(&xv)
 
 
+def kv8_to_float32(x, out, int fmt):
+    """out = x widened to float32 with the 8-bit K/V conversion of the decode (tests): x a 1-D
+    C-contiguous array of 8-bit int8 (fmt 3) or float8_e4m3fn (fmt 4) bit patterns, out
+    float32 of x's size."""
+    cdef Py_buffer xv, ov
+    cdef char* xp = _buf(x, &xv, False)
+    cdef char* op
+    cdef Py_ssize_t n = xv.len
+    try:
+        op = _buf(out, &ov, True)
+        try:
+            if (fmt != CYATTN_KV8_I8 and fmt != CYATTN_KV8_E4M3) or xv.itemsize != 1 \
+                    or ov.itemsize != 4 or ov.len != 4 * n:
+                raise ValueError("kv8_to_float32: 8-bit x, float32 out of its size, fmt 3 or 4")
+            with nogil:
+                cyattn_kv8_to_float(<const uint8_t*>xp, <float*>op, n, fmt)
+        finally:
+            PyBuffer_Release(&ov)
+    finally:
+        PyBuffer_Release(&xv)
+
+
 def float32_to_half(x, out, int fmt):
     """out = x rounded to float16 (fmt 1) or bfloat16 (fmt 2) bit patterns with the kernels'
     conversion (tests): x a 1-D C-contiguous float32 array, out uint16 of x's size."""

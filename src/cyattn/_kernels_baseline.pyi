@@ -24,6 +24,7 @@ def layer_norm_rows(
 ) -> None: ...
 def half_to_float32(x: npt.NDArray[np.uint16], out: npt.NDArray[np.float32], fmt: int) -> None: ...
 def float32_to_half(x: npt.NDArray[np.float32], out: npt.NDArray[np.uint16], fmt: int) -> None: ...
+def kv8_to_float32(x: npt.NDArray[np.uint8], out: npt.NDArray[np.float32], fmt: int) -> None: ...
 def softmax_rows_half(
     x: np.ndarray, out: np.ndarray, x_fmt: int, out_fmt: int, bmask: np.ndarray | None,
     amask: np.ndarray | None, a_fmt: int, b_rs: int, b_cs: int, a_rs: int, a_cs: int,
@@ -75,6 +76,11 @@ def attention(
     query_len: npt.NDArray[np.int64] | None = None,
     slopes: npt.NDArray[np.float64] | None = None,
     sinks: npt.NDArray[np.float64] | None = None, q_fmt: int = 0, kv_fmt: int = 0,
+    o_off: npt.NDArray[np.int64] | None = None, o_rs: int = -1,
+    k_scale: npt.NDArray[np.float32] | None = None,
+    k_scale_off: npt.NDArray[np.int64] | None = None, k_scale_rs: int = 0,
+    v_scale: npt.NDArray[np.float32] | None = None,
+    v_scale_off: npt.NDArray[np.int64] | None = None, v_scale_rs: int = 0,
 ) -> bool: ...
 def attention_bf16(
     q: np.ndarray, q_off: npt.NDArray[np.int64], q_rs: int, q_cs: int,

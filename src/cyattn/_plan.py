@@ -14,8 +14,8 @@ read from the compiled module, :func:`constants`):
   rows until every thread has 2 tasks (8 with a causal mask); worker w takes tasks w, w + n,
   ...; a task costs its rows' visible keys times E + Ev. A few query rows (L <= DECODE_MAX_L,
   more than DECODE_UNGROUPED_MAX_L only against S >= L GDECODE_KEYS_PER_ROW keys) take the
-  decode path (``decode_dispatch``): with one query head per K/V head and at most
-  DECODE_UNGROUPED_MAX_L rows, (batch entry, chunk of DECODE_CHUNK keys) tasks in contiguous
+  decode path (``decode_dispatch``): with one query head per K/V head, at most
+  DECODE_UNGROUPED_MAX_L rows and no 8-bit K/V, (batch entry, chunk of DECODE_CHUNK keys) tasks in contiguous
   static blocks (``_attention_decode.pxi``); else the grouped decode
   (``_attention_decode_grouped.pxi``): (K/V head, block of up to GDECODE_MAX_ROWS // L of its
   ``group`` query heads, chunk) tasks, the chunk GDECODE_CHUNK keys halved down to
@@ -163,11 +163,11 @@ def matmul(M, N, K, n_threads, *, dtype="float32", name=None, consts=None):
 
 
 def attention(batch, L, S, E, Ev, n_threads, *, causal=False, lengths=None, name=None,
-              consts=None, group=1):
+              consts=None, group=1, kv8=False):
     """The plan of one attention kernel call: ``batch`` independent (L, S) problems (batch x
     query heads), head dims E and Ev; ``lengths``: per batch entry, each entry's key and query
     length (the encoder's ragged call), else L and S; ``group``: query heads per K/V head
-    (GQA, dividing ``batch``)."""
+    (GQA, dividing ``batch``); ``kv8``: 8-bit K/V, which only the grouped decode reads."""
     c = consts or constants()
     if lengths is None:
         work = batch * L * S * (E + Ev + 8)
@@ -176,7 +176,7 @@ def attention(batch, L, S, E, Ev, n_threads, *, causal=False, lengths=None, name
     threads = _threads_for_work(n_threads, work)
     decode = (0 < L <= c["DECODE_MAX_L"] and batch * S * (E + Ev) >= L * c["DECODE_MIN_WORK"]
               and (L <= c["DECODE_UNGROUPED_MAX_L"] or S >= L * c["GDECODE_KEYS_PER_ROW"]))
-    if decode and (group > 1 or L > c["DECODE_UNGROUPED_MAX_L"]):
+    if decode and (group > 1 or L > c["DECODE_UNGROUPED_MAX_L"] or kv8):
         if group < 1 or batch % group:
             raise ValueError(f"group={group} must divide batch={batch}")
         hg = min(max(c["GDECODE_MAX_ROWS"] // L, 1), group)      # query heads per task

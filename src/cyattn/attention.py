@@ -4,6 +4,7 @@ import math
 import numpy as np
 
 from . import _backend
+from . import _kv8
 from . import _validate as V
 from .matmul import _resolve_precision
 
@@ -14,6 +15,8 @@ _DECODE_MAX_L = 16       # the kernels' DECODE_MAX_L: at most this many query ro
 _ndarray = np.ndarray
 _empty = np.empty
 _FLOAT32, _BOOL, _UINT16 = np.dtype(np.float32), np.dtype(np.bool_), np.dtype(np.uint16)
+_STORAGE = {1: _UINT16, 2: _UINT16, _kv8.KV8_I8: np.dtype(np.uint8),
+            _kv8.KV8_E4M3: np.dtype(np.uint8)}     # the kernels' view of each element format
 
 
 def default_bf16_path():
@@ -41,7 +44,8 @@ def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
             and (is_causal is False or is_causal is True)
             and (return_lse is False or return_lse is True)
             and (enable_gqa is False or enable_gqa is True)
-            and (scale is None or (type(scale) is float and scale - scale == 0.0))):
+            and (scale is None or (type(scale) is float and scale - scale == 0.0))
+            and key.dtype.itemsize > 1 and value.dtype.itemsize > 1):     # 8-bit K/V: general
         return None
     if causal_alignment == "top_left":
         bottom_right = False
@@ -111,7 +115,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
                                  *, causal_alignment="top_left", enable_gqa=False,
                                  return_lse=False, out=None, n_threads=None, window=None,
                                  softcap=None, sinks=None, alibi_slopes=None, key_lengths=None,
-                                 query_lengths=None, precision=None):
+                                 query_lengths=None, key_scale=None, value_scale=None,
+                                 precision=None):
     r"""Scaled dot-product attention: ``softmax(scale * query @ key^T + mask) @ value``.
 
     Parameters
@@ -127,6 +132,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         float32 copy of an input; with at most 16 query rows the query is copied to float32),
         so a half call gives the float32 call on the same values, rounded once. A call with
         a non-finite row is computed again on float32 copies.
+        ``key`` and ``value`` may also be 8-bit caches: ``int8`` (with ``key_scale`` /
+        ``value_scale``, required) or ``ml_dtypes.float8_e4m3fn`` (scales optional, default
+        1); each element stands for ``scale * element``. They do not take part in the dtype
+        promotion (the result has the dtype of ``query`` and of a float key or value): with
+        float32 compute and at most 16 query rows (the decode path), key and value of one
+        8-bit dtype are read in place, widened exactly to float32 in the kernel, the scales
+        applied to each key's score and each value's weight, with no copy of either. Every
+        other call with an 8-bit key or value (more than 16 query rows, a float64 query, one
+        8-bit and one float, int8 with float8, or a row whose result is not finite) first
+        dequantises them into float32 (float64) copies, ``4 x`` (``8 x``) their bytes, and
+        runs as a float call.
     attn_mask : array_like of bool or float, optional
         Broadcastable to ``(..., L, S)`` without enlarging the result. **bool**: True = the
         query may attend to the key (PyTorch SDPA convention); a False position gets exactly
@@ -185,6 +201,20 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         Per-sequence query lengths ``L_b`` (broadcastable to the batch shape, >= 0; values
         past L act as L): rows ``i >= L_b`` give output 0 and lse ``-inf`` and are not
         computed.
+    key_scale, value_scale : float or array_like of float32, keyword-only, optional
+        Dequantisation scales of an 8-bit ``key`` / ``value`` (see above), broadcastable to
+        ``key.shape[:-1] + (1,)`` (``value.shape[:-1] + (1,)``): per token and head
+        ``(..., H, S, 1)``, per head ``(..., H, 1, 1)``, or one scale for the tensor. The
+        value used is exactly ``scale * element`` (as ``cyattn.oracle`` dequantises), with
+        one exception: on the decode path a value row whose scale is 0 adds nothing, even
+        where its float8 elements are NaN (dequantised, ``0 * NaN`` is NaN).
+        Arrays must be float32 (float16 and bfloat16 are widened, exactly; a float64 array
+        is refused, so that its rounding stays the caller's choice); a Python or NumPy
+        scalar, or a list of Python numbers, is rounded to float32; every scale must be
+        finite (0 and negative values are allowed). A non-contiguous or misaligned scale
+        array is copied (its size is ``1 / E`` of its cache's elements). vLLM's ``kv_cache_dtype="fp8"`` is float8_e4m3fn
+        with a per-tensor scale (``k_scale``); llama.cpp's ``q8_0`` is int8 with one scale
+        per 32 elements, a per-token scale only when E = 32 (see the README).
     precision : {None, "exact", "fast"}, keyword-only, optional
         How bfloat16 attention (``query``, ``key`` and ``value`` all bfloat16) multiplies;
         other dtypes ignore it (checked all the same). ``"exact"``: the float32 call on the
@@ -218,7 +248,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         array, ``scale`` is not a real number, ``is_causal``/``enable_gqa``/``return_lse`` is
         not a bool, ``n_threads`` is not an int, ``window`` is not a pair of ints or None,
         ``softcap`` is not a real number, ``key_lengths``/``query_lengths`` are not integer
-        arrays, or ``sinks``/``alibi_slopes`` are not real arrays.
+        arrays, or ``sinks``/``alibi_slopes`` are not real arrays; if ``key`` / ``value``
+        is int8 and its ``key_scale`` / ``value_scale`` is None, or a scale is given for a
+        ``key`` / ``value`` that is not int8 or float8_e4m3fn.
     ValueError
         If an input has fewer than 2 dimensions, E or S do not match between the inputs, the
         batch dimensions do not broadcast (or, with ``enable_gqa``, the query heads are not a
@@ -227,12 +259,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         ndarray of the result shape and dtype, ``n_threads == 0``, a window side is negative,
         ``softcap`` is not positive and finite, a length is negative, ``sinks``,
         ``alibi_slopes``, ``key_lengths`` or ``query_lengths`` do not broadcast to the batch
-        shape, or ``precision`` is not None, ``"exact"`` or ``"fast"``. A call that raises
-        leaves ``out`` untouched.
+        shape, ``key_scale`` / ``value_scale`` does not broadcast to its array's
+        ``shape[:-1] + (1,)``, is not float32 (float16, bfloat16) or a real scalar (a float64
+        array is refused: cast it), or holds a NaN or infinity, or ``precision`` is not None,
+        ``"exact"`` or ``"fast"``. A call that raises leaves ``out`` untouched.
     MemoryError
         If NumPy cannot allocate the result, or if the kernel's scratch (O(tile) per thread,
         growing with E) or, for at most 16 query rows, a contiguous copy of a strided input
-        cannot be allocated (these messages name this function).
+        cannot be allocated (these messages name this function), or the dequantised copy of
+        an 8-bit key or value off the decode path.
 
     Notes
     -----
@@ -319,26 +354,40 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     >>> out, lse = cyattn.scaled_dot_product_attention(q, k, v, mask, sinks=1.5, return_lse=True)
     >>> out, lse
     (array([[0., 0.]]), array([1.5]))
+
+    An int8 cache with a scale per key row (token) and one for the values:
+
+    >>> k8 = np.array([[64], [32], [0]], dtype=np.int8)
+    >>> ks = np.full((3, 1), 1 / 32, dtype=np.float32)
+    >>> v8 = np.array([[2, 0], [0, 4], [6, 2]], dtype=np.int8)
+    >>> cyattn.scaled_dot_product_attention(q.astype(np.float32), k8, v8, scale=1.0,
+    ...                                     key_scale=ks, value_scale=0.5).round(3)
+    array([[0.935, 0.579]], dtype=float32)
     """
     return _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enable_gqa,
                  return_lse, out, n_threads, window, softcap, sinks, alibi_slopes, key_lengths,
-                 query_lengths, precision)
+                 query_lengths, key_scale, value_scale, precision)
 
 
 def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enable_gqa,
           return_lse, out, n_threads, window, softcap, sinks, alibi_slopes, key_lengths,
-          query_lengths, precision, emulate=False):
+          query_lengths, key_scale, value_scale, precision, emulate=False):
     """scaled_dot_product_attention; ``emulate`` runs the bf16 fast path's emulation even
     where the kernels have the instruction (for the tests that compare the two bit for
     bit)."""
     precision = _resolve_precision(precision, _FNAME)
     if (window is None and softcap is None and sinks is None and alibi_slopes is None
-            and key_lengths is None and query_lengths is None):
+            and key_lengths is None and query_lengths is None and key_scale is None
+            and value_scale is None):
         fast = _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
                           return_lse, enable_gqa, out, n_threads, precision, emulate)
         if fast is not None:
             return fast
     f = _FNAME
+    kv8 = _kv8.Inputs.of(f, key, value, key_scale, value_scale)   # 8-bit K/V, or None
+    if kv8 is not None:
+        query = V.as_float_array(query, "query", f)
+        key, value = kv8.stand_ins(f, query.dtype)    # checks and promotion; never read
     query, key, value = V.as_float_arrays(f, query=query, key=key, value=value)
     is_causal, enable_gqa, return_lse = V.check_bools(
         f, is_causal=is_causal, enable_gqa=enable_gqa, return_lse=return_lse)
@@ -371,11 +420,15 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
     # _DECODE_MAX_L rows: decode reads a float32 query); K and V when of one format
     q_fmt = V.half_format(query, compute) if L > _DECODE_MAX_L else 0
     kv_fmt = V.half_format(key, compute) if key.dtype == value.dtype else 0
+    if kv8 is not None:     # 8-bit K/V: read in place by the decode path, else dequantised
+        kv_fmt = kv8.fmt(compute, L, _DECODE_MAX_L)
     # (a half call may be redone on float32 inputs: never straight into the caller's out)
     res, o_off, o_rs = None, None, -1
     if out is not None and not (q_fmt or kv_fmt):
         inputs = (query, key, value, attn_mask, var.key_lengths, var.query_lengths, var.slopes,
                   var.sinks)       # the per-entry options may be the caller's own memory
+        if kv8 is not None:
+            inputs += kv8.real_arrays()
         if V.writes_in_place(out, compute, inputs):
             res = out
         elif V.writes_rows_in_place(out, compute, inputs):
@@ -396,8 +449,11 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
 
         def run(q_fmt, kv_fmt):
             q = V.kernel_ready(query, query.dtype if q_fmt else compute)
-            k = V.kernel_ready(key, key.dtype if kv_fmt else compute)
-            v = V.kernel_ready(value, value.dtype if kv_fmt else compute)
+            if kv8 is None:
+                k = V.kernel_ready(key, key.dtype if kv_fmt else compute)
+                v = V.kernel_ready(value, value.dtype if kv_fmt else compute)
+            else:
+                k, v = kv8.kernel_arrays(kv_fmt, compute, V.kernel_ready)
             if L <= _DECODE_MAX_L:
                 # The kernel's decode path (a few query rows) reads rows of adjacent elements;
                 # other layouts are copied, so they give the C-contiguous bits (huge broadcast
@@ -406,8 +462,9 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
                 k = V.unit_stride_rows(k, "key", f)
                 v = V.unit_stride_rows(v, "value", f)
             # 16-bit storage is widened by the kernels as they read it: no float32 copies
-            q, k, v = (a.view(np.uint16) if fmt else a
+            q, k, v = (a.view(_STORAGE[fmt]) if fmt else a
                        for a, fmt in ((q, q_fmt), (k, kv_fmt), (v, kv_fmt)))
+            scales = kv8.kernel_scales(kv_fmt, batch, group, V.batch_offsets) if kv8 else {}
             return _backend.kernels.attention(
                 q, V.batch_offsets(q, batch), q.strides[-2] // q.itemsize, V.column_stride(q),
                 k, V.batch_offsets(k, batch, group), k.strides[-2] // k.itemsize,
@@ -417,7 +474,7 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
                 mask, kind, m_off, m_rs, m_cs, res, lse, L, S, E, Ev, scale, is_causal,
                 causal_alignment == "bottom_right", return_lse, n_threads, var.left, var.right,
                 var.softcap, var.key_lengths, var.query_lengths, var.slopes, var.sinks,
-                q_fmt=q_fmt, kv_fmt=kv_fmt, o_off=o_off, o_rs=o_rs)
+                q_fmt=q_fmt, kv_fmt=kv_fmt, o_off=o_off, o_rs=o_rs, **scales)
 
         def run_bf16():
             q, k, v = (V.kernel_ready(a, a.dtype).view(np.uint16) for a in (query, key, value))
@@ -432,7 +489,9 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
 
         # bfloat16 on the bf16 dot products (prefill only: decode is memory-bound and stays
         # on the exact path); a non-finite row sends the whole call to the exact path
-        bf16_fast = (precision == "fast" and L > _DECODE_MAX_L and S > 0 and E > 0 and Ev > 0
+        # (8-bit K/V never: key and value are then dtype stand-ins, not the data)
+        bf16_fast = (precision == "fast" and kv8 is None and L > _DECODE_MAX_L and S > 0
+                     and E > 0 and Ev > 0
                      and all(V.is_bfloat16(a.dtype) for a in (query, key, value)))
         if not (bf16_fast and not run_bf16()):
             if run(q_fmt, kv_fmt) and (q_fmt or kv_fmt):

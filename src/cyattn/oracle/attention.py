@@ -247,6 +247,35 @@ def _sdpa_batched(query, key, value, attn_mask, *rest):
     return outs, lses
 
 
+def _dequantize(x, scale, name, scale_name):
+    """``x`` (nested list, shape (..., S, E)) times ``scale`` broadcast (NumPy's rules) to
+    ``x``'s shape[:-1] + (1,): per token and head, per head, or one number. The products are
+    exact for 8-bit values and float32 scales (at most 4 + 24 significant bits)."""
+    shape = _nested_shape(x, name, "a nested list (..., length, dim)")
+    if len(shape) < 2:
+        raise ValueError(f"{name} must have at least 2 dimensions (..., length, dim); got shape "
+                         f"{shape}")
+    sshape = _shape(scale, scale_name) if _is_seq(scale) else ()
+    for v in (_flatten(scale) if _is_seq(scale) else [scale]):
+        if not math.isfinite(_as_float(v, scale_name)):
+            raise ValueError(f"{scale_name} holds {v!r}; expected finite scales")
+    target = shape[:-1] + (1,)
+    if len(sshape) > len(target) or any(
+            n not in (1, t) for n, t in zip(reversed(sshape), reversed(target))):
+        raise ValueError(f"{scale_name} has shape {sshape}, which does not broadcast to "
+                         f"{target} ({name}'s shape[:-1] + (1,))")
+    lead = len(shape) - len(sshape)
+
+    def scaled(xn, sn, depth):
+        if depth == len(shape):
+            return _as_float(xn, name) * float(sn)
+        j = depth - lead
+        return [scaled(xi, sn if j < 0 else sn[0 if sshape[j] == 1 else i], depth + 1)
+                for i, xi in enumerate(xn)]
+
+    return scaled(x, scale, 0)
+
+
 def _check_window(window):
     """``window`` as ``None`` or a ``(left, right)`` tuple of non-negative ints or None."""
     if window is None:
@@ -360,6 +389,8 @@ def scaled_dot_product_attention(
     alibi_slopes=None,
     key_lengths=None,
     query_lengths=None,
+    key_scale=None,
+    value_scale=None,
 ):
     """Scaled dot-product attention: ``softmax(scale * Q K^T + mask) V``, one row at a time.
 
@@ -403,6 +434,13 @@ def scaled_dot_product_attention(
         ``j >= key_lengths`` take no part; query rows ``i >= query_lengths`` give output 0 and lse
         ``-inf``. With ``"bottom_right"`` they set the aligned position
         ``p(i) = i + K_b - L_b``.
+    key_scale, value_scale : float or nested list of float, optional
+        Dequantisation scales of an 8-bit K/V cache (int8 or float8_e4m3fn values given as
+        numbers), broadcastable (NumPy rules) to ``key``'s (``value``'s) shape[:-1] + (1,):
+        per token and head, per head, or one number. The key used is exactly
+        ``key * key_scale`` (float64; exact for 8-bit values and float32 scales), likewise the
+        value; everything else is as without them. Non-finite scales or a shape that does not
+        broadcast raise ValueError, non-real entries TypeError.
 
     Returns
     -------
@@ -468,6 +506,10 @@ def scaled_dot_product_attention(
         if value_dim < 0:
             raise ValueError(f"value_dim must be >= 0; got {value_dim}")
         value_dim = int(value_dim)
+    if key_scale is not None:
+        key = _dequantize(key, key_scale, "key", "key_scale")
+    if value_scale is not None:
+        value = _dequantize(value, value_scale, "value", "value_scale")
     options = (_check_window(window), _check_softcap(softcap))
     per_batch = {"sinks": sinks, "alibi_slopes": alibi_slopes, "key_lengths": key_lengths,
                  "query_lengths": query_lengths}
