@@ -282,6 +282,9 @@ def test_bad_precision(bad):
     assert np.all(out.astype(np.float32) == 7.0)
     with pytest.raises(ValueError, match="precision"):
         cyattn.scaled_dot_product_attention(q.astype(np.float32), q, q, precision=bad)
+    q32 = np.ones((20, 4), np.float32)      # float32 alone: the low-overhead path checks it too
+    with pytest.raises(ValueError, match="precision"):
+        cyattn.scaled_dot_product_attention(q32, q32, q32, precision=bad)
 
 
 @pytest.mark.parametrize("emulate", [True, pytest.param(False, marks=needs_hw)])

@@ -30,14 +30,16 @@ def default_bf16_path():
 
 
 def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment, return_lse,
-               enable_gqa, out, n_threads, precision="exact", emulate=False):
+               enable_gqa, out, n_threads, precision=None, emulate=False):
     """The common call: aligned float32/float64 arrays of one dtype whose last axis has unit
     stride (C-contiguous, or head views of a fused projection), equal batch shapes (GQA heads
     aside), no mask or a bool mask or a float mask of that dtype that broadcasts without
     enlarging, no ``out`` or a writable one of the result's shape and dtype (C-contiguous and
     apart from the inputs: written directly; else it gets a copy), plain Python options. The
     kernel module checks the buffers in one pass and allocates the results; None means the
-    call must take the general path (which also produces every error message)."""
+    call must take the general path (which also produces every error message, a bad
+    ``precision``'s too: None, "exact" and "fast" pass here, resolved for 16-bit inputs only).
+    8-bit K/V never pass: the kernel module takes float K/V only."""
     if not (type(query) is _ndarray and type(key) is _ndarray and type(value) is _ndarray
             and (attn_mask is None or type(attn_mask) is _ndarray)
             and (out is None or type(out) is _ndarray)
@@ -45,7 +47,8 @@ def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
             and (return_lse is False or return_lse is True)
             and (enable_gqa is False or enable_gqa is True)
             and (scale is None or (type(scale) is float and scale - scale == 0.0))
-            and key.dtype.itemsize > 1 and value.dtype.itemsize > 1):     # 8-bit K/V: general
+            and (precision is None or (type(precision) is str
+                                       and (precision == "exact" or precision == "fast")))):
         return None
     if causal_alignment == "top_left":
         bottom_right = False
@@ -57,6 +60,8 @@ def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
     if n_threads == 0:
         return None
     if query.dtype.itemsize == 2:
+        if precision is None:
+            precision = _resolve_precision(None, _FNAME)
         return _fast_half_call(query, key, value, attn_mask, is_causal, scale, bottom_right,
                                return_lse, enable_gqa, out, n_threads, precision, emulate)
     res = _backend.kernels.attention_fast(query, key, value, attn_mask, out, scale, is_causal,
@@ -364,21 +369,30 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     ...                                     key_scale=ks, value_scale=0.5).round(3)
     array([[0.935, 0.579]], dtype=float32)
     """
+    # the low-overhead path first, here (a function call fewer: a tiny call is ~2.5 us)
+    if (window is None and softcap is None and sinks is None and alibi_slopes is None
+            and key_lengths is None and query_lengths is None and key_scale is None
+            and value_scale is None):
+        fast = _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
+                          return_lse, enable_gqa, out, n_threads, precision)
+        if fast is not None:
+            return fast
     return _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enable_gqa,
                  return_lse, out, n_threads, window, softcap, sinks, alibi_slopes, key_lengths,
-                 query_lengths, key_scale, value_scale, precision)
+                 query_lengths, precision, key_scale, value_scale, fast_tried=True)
 
 
 def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enable_gqa,
           return_lse, out, n_threads, window, softcap, sinks, alibi_slopes, key_lengths,
-          query_lengths, key_scale, value_scale, precision, emulate=False):
+          query_lengths, precision, key_scale=None, value_scale=None, emulate=False,
+          fast_tried=False):
     """scaled_dot_product_attention; ``emulate`` runs the bf16 fast path's emulation even
     where the kernels have the instruction (for the tests that compare the two bit for
-    bit)."""
+    bit); ``fast_tried``: the caller has tried the low-overhead path."""
     precision = _resolve_precision(precision, _FNAME)
-    if (window is None and softcap is None and sinks is None and alibi_slopes is None
-            and key_lengths is None and query_lengths is None and key_scale is None
-            and value_scale is None):
+    if (not fast_tried and window is None and softcap is None and sinks is None
+            and alibi_slopes is None and key_lengths is None and query_lengths is None
+            and key_scale is None and value_scale is None):
         fast = _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
                           return_lse, enable_gqa, out, n_threads, precision, emulate)
         if fast is not None:
