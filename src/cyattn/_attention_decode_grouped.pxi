@@ -33,9 +33,10 @@
 #   O(batch x chunks x L x Ev).
 # * 8-bit K/V (kv_fmt CYATTN_KV8_I8 / CYATTN_KV8_E4M3, _cyattn_kv8.h; float32 compute): every
 #   8-bit call takes this path (decode_dispatch), its rows widened into the L1 block as the
-#   16-bit ones are (int8 on AVX-512: in registers, _cyattn_kv8.h), without their scales: a key's scale multiplies the key's scores after the
-#   key pass (scale * s_k[j] * dot(q, k8_j)), a value's scale the key's weights after the
-#   softmax sums (w_j * s_v[j]), so the element loops only convert. The scales of batch entry
+#   16-bit ones are (int8 on AVX-512: in registers, _cyattn_decode_rows.h), without their
+#   scales: a key's scale multiplies the key's scores after the key pass
+#   (scale * s_k[j] * dot(q, k8_j)), a value's scale the key's weights after the softmax sums
+#   (w_j * s_v[j]), so the element loops only convert. The scales of batch entry
 #   bi are read at var.k_scale / var.v_scale (per row's head, so heads that share K and V but
 #   not scales are right too).
 
@@ -53,19 +54,19 @@ cdef extern from "_cyattn_decode_rows.h":
     void cyattn_gwsum_f32(float* acc, Py_ssize_t acc_stride, const float* w, Py_ssize_t ws,
                           Py_ssize_t nq, const float* v, Py_ssize_t rows, Py_ssize_t vs,
                           Py_ssize_t n, const cyattn_pf_stream* pf) noexcept nogil
-
-
-cdef extern from "_cyattn_kv8.h":
-    int CYATTN_KV8_I8
-    int CYATTN_KV8_E4M3
     int CYATTN_KV8_IN_REGISTERS
-    void cyattn_kv8_to_float(const uint8_t* src, float* dst, Py_ssize_t n, int fmt) noexcept nogil
     void cyattn_gdot_i8(float* scores, Py_ssize_t ss, const float* q, Py_ssize_t qs,
                         Py_ssize_t nq, const signed char* k, Py_ssize_t rows, Py_ssize_t ks,
                         Py_ssize_t n, float scale, float* kvbuf) noexcept nogil
     void cyattn_gwsum_i8(float* acc, Py_ssize_t acc_stride, const float* w, Py_ssize_t ws,
                          Py_ssize_t nq, const signed char* v, Py_ssize_t rows, Py_ssize_t vs,
                          Py_ssize_t n) noexcept nogil
+
+
+cdef extern from "_cyattn_kv8.h":
+    int CYATTN_KV8_I8
+    int CYATTN_KV8_E4M3
+    void cyattn_kv8_to_float(const uint8_t* src, float* dst, Py_ssize_t n, int fmt) noexcept nogil
 
 
 cdef enum:

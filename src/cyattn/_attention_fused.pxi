@@ -468,22 +468,22 @@ cdef void fused_attention_task(const void* q, Py_ssize_t q_rs, Py_ssize_t q_cs, 
                 o_row = out + r * o_rs
                 for e in range(Ev):
                     o_row[e] = 0
-        return
-    for r in range(rows):
-        o_row = out + r * o_rs
-        sink_merge(lim, row_m[r], row_l[r], &f, &l2, &m2)
-        if l2 == 0:                             # fully masked: output 0, lse -inf
+    else:
+        for r in range(rows):
+            o_row = out + r * o_rs
+            sink_merge(lim, row_m[r], row_l[r], &f, &l2, &m2)
+            if l2 == 0:                         # fully masked: output 0, lse -inf
+                for e in range(Ev):
+                    o_row[e] = 0
+                lse[r] = <floating>-CYATTN_INF
+                continue
+            inv = f / l2
             for e in range(Ev):
-                o_row[e] = 0
-            lse[r] = <floating>-CYATTN_INF
-            continue
-        inv = f / l2
-        for e in range(Ev):
-            o_row[e] = ot[e * ld_o + r] * inv
-        if want_lse:
-            lse[r] = m2 + <floating>log(l2)
-        else:
-            lse[r] = m2 + l2
+                o_row[e] = ot[e * ld_o + r] * inv
+            if want_lse:
+                lse[r] = m2 + <floating>log(l2)
+            else:
+                lse[r] = m2 + l2
 
 
 cdef int attention_worker(const void* q, const int64_t* q_off, Py_ssize_t q_rs,

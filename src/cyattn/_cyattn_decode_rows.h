@@ -13,11 +13,58 @@
      registers, the weight's broadcast and zero test done once per row and value row
      (cyattn_wsum_rows holds 32 elements of 2-4 rows and redoes them per 32 elements).
    Elsewhere (AVX2, baseline) both call the _cyattn_support.h helpers.
+   The AVX-512 bodies also read int8 rows (fmt CYATTN_KV8_I8, issue 39's 8-bit caches:
+   cyattn_gdot_i8 / cyattn_gwsum_i8), widening each 16-element vector in registers (vpmovsxbd
+   + vcvtdq2ps) where float32 rows are loaded: the same operations in the same order on the
+   same (exact) values, so the bits of the float32 passes over the widened rows, without
+   writing a widened block (its stores, four bytes per element, bound the block widening). The
+   pieces handed to cyattn_dot_rows (an odd last query row, the last rows % 4 keys) widen their
+   few rows into kvbuf first. fmt is a constant at every call, so each format gets its own
+   code. Built where the float32 helpers take their AVX-512 paths (CYATTN_KV8_IN_REGISTERS);
+   elsewhere the caller widens int8 blocks.
    Kept in its own header so that the grouped path's code sits apart from the support header
    (included by _attention_decode_grouped.pxi only). */
 #ifndef CYATTN_DECODE_ROWS_H
 #define CYATTN_DECODE_ROWS_H
 #include "_cyattn_support.h"
+#include "_cyattn_kv8.h"
+
+#if defined(__AVX512F__) && CYATTN_HAVE_F16C && defined(CYATTN_DOT_KEYS) && CYATTN_DOT_KEYS == 4
+#define CYATTN_KV8_IN_REGISTERS 1
+#else
+#define CYATTN_KV8_IN_REGISTERS 0
+#endif
+
+/* Element i of a row of float32 (fmt 0) or int8 (CYATTN_KV8_I8) elements, as float32 */
+CYATTN_INLINE float cyattn_gelem(const void* k, ptrdiff_t i, const int fmt) {
+    return fmt == 0 ? ((const float*)k)[i] : (float)((const int8_t*)k)[i];
+}
+
+/* Rows j .. j + cnt - 1 of k (row stride ks, n elements) as float32 rows: k's own (fmt 0), or
+   widened into kvbuf (cnt * n floats); *rs: their stride */
+CYATTN_INLINE const float* cyattn_grows(const void* k, ptrdiff_t j, ptrdiff_t cnt, ptrdiff_t ks,
+                                        ptrdiff_t n, const int fmt, float* kvbuf,
+                                        ptrdiff_t* rs) {
+    ptrdiff_t i;
+    if (fmt == 0) {
+        *rs = ks;
+        return (const float*)k + j * ks;
+    }
+    for (i = 0; i < cnt; i++)
+        cyattn_kv8_to_float((const uint8_t*)k + (j + i) * ks, kvbuf + i * n, n, fmt);
+    *rs = n;
+    return kvbuf;
+}
+
+#if CYATTN_KV8_IN_REGISTERS
+/* 16 elements of k from element off, widened to float32 */
+CYATTN_INLINE __m512 cyattn_gload16(const void* k, ptrdiff_t off, const int fmt) {
+    if (fmt == 0)
+        return _mm512_loadu_ps((const float*)k + off);
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+        _mm_loadu_si128((const __m128i*)((const int8_t*)k + off))));
+}
+#endif
 
 /* Software prefetch of a stream of rows while a block is processed: at key j of the block,
    stream row start + j (rows of k, then of v: cyattn_prefetch_rows_ahead) is prefetched.
@@ -36,19 +83,19 @@ CYATTN_INLINE void cyattn_pf_step(const cyattn_pf_stream* pf, ptrdiff_t j) {
 }
 
 /* scores[r * ss + j] = scale * dot(q[r * qs + 0:n], k[j * ks + 0:n]), r < nq, j < rows: the
-   bits of cyattn_dot_rows(fmt 0). */
-static void cyattn_gdot_f32(float* scores, ptrdiff_t ss, const float* q, ptrdiff_t qs,
-                            ptrdiff_t nq, const float* k, ptrdiff_t rows, ptrdiff_t ks,
-                            ptrdiff_t n, float scale, const cyattn_pf_stream* pf) {
-    ptrdiff_t j = 0, i;
-#if defined(__AVX512F__) && CYATTN_HAVE_F16C && defined(CYATTN_DOT_KEYS) && CYATTN_DOT_KEYS == 4
+   bits of cyattn_dot_rows(fmt 0) over k's rows as float32 (fmt 0: k is float32; int8:
+   kvbuf holds 4 * n floats of scratch). */
+CYATTN_INLINE void cyattn_gdot_fmt(float* scores, ptrdiff_t ss, const float* q, ptrdiff_t qs,
+                                   ptrdiff_t nq, const void* k, ptrdiff_t rows, ptrdiff_t ks,
+                                   ptrdiff_t n, float scale, const cyattn_pf_stream* pf,
+                                   const int fmt, float* kvbuf) {
+    ptrdiff_t j = 0, i, krs;
+    const float* kr;
+#if CYATTN_KV8_IN_REGISTERS
     const __m128 sc = _mm_set1_ps(scale);
     for (; j + 4 <= rows; j += 4) {
         ptrdiff_t r = 0, e;
-        const float* k0 = k + j * ks;
-        const float* k1 = k0 + ks;
-        const float* k2 = k1 + ks;
-        const float* k3 = k2 + ks;
+        const ptrdiff_t k0 = j * ks, k1 = k0 + ks, k2 = k1 + ks, k3 = k2 + ks;
         for (i = 0; i < 4; i++)
             cyattn_pf_step(pf, j + i);
         for (; r + 2 <= nq; r += 2) {      /* two rows share each key vector */
@@ -63,23 +110,24 @@ static void cyattn_gdot_f32(float* scores, ptrdiff_t ss, const float* q, ptrdiff
                 __m512 qa0 = _mm512_loadu_ps(qa + e), qa1 = _mm512_loadu_ps(qa + e + 16);
                 __m512 qb0 = _mm512_loadu_ps(qb + e), qb1 = _mm512_loadu_ps(qb + e + 16);
                 __m512 x, y;
-                x = _mm512_loadu_ps(k0 + e); y = _mm512_loadu_ps(k0 + e + 16);
+                x = cyattn_gload16(k, k0 + e, fmt); y = cyattn_gload16(k, k0 + e + 16, fmt);
                 al0 = _mm512_fmadd_ps(qa0, x, al0); ah0 = _mm512_fmadd_ps(qa1, y, ah0);
                 bl0 = _mm512_fmadd_ps(qb0, x, bl0); bh0 = _mm512_fmadd_ps(qb1, y, bh0);
-                x = _mm512_loadu_ps(k1 + e); y = _mm512_loadu_ps(k1 + e + 16);
+                x = cyattn_gload16(k, k1 + e, fmt); y = cyattn_gload16(k, k1 + e + 16, fmt);
                 al1 = _mm512_fmadd_ps(qa0, x, al1); ah1 = _mm512_fmadd_ps(qa1, y, ah1);
                 bl1 = _mm512_fmadd_ps(qb0, x, bl1); bh1 = _mm512_fmadd_ps(qb1, y, bh1);
-                x = _mm512_loadu_ps(k2 + e); y = _mm512_loadu_ps(k2 + e + 16);
+                x = cyattn_gload16(k, k2 + e, fmt); y = cyattn_gload16(k, k2 + e + 16, fmt);
                 al2 = _mm512_fmadd_ps(qa0, x, al2); ah2 = _mm512_fmadd_ps(qa1, y, ah2);
                 bl2 = _mm512_fmadd_ps(qb0, x, bl2); bh2 = _mm512_fmadd_ps(qb1, y, bh2);
-                x = _mm512_loadu_ps(k3 + e); y = _mm512_loadu_ps(k3 + e + 16);
+                x = cyattn_gload16(k, k3 + e, fmt); y = cyattn_gload16(k, k3 + e + 16, fmt);
                 al3 = _mm512_fmadd_ps(qa0, x, al3); ah3 = _mm512_fmadd_ps(qa1, y, ah3);
                 bl3 = _mm512_fmadd_ps(qb0, x, bl3); bh3 = _mm512_fmadd_ps(qb1, y, bh3);
             }
             for (; e < n; e++)
                 for (i = 0; i < 4; i++) {
-                    ta[i] = CYATTN_MADD(qa[e], k[(j + i) * ks + e], ta[i]);
-                    tb[i] = CYATTN_MADD(qb[e], k[(j + i) * ks + e], tb[i]);
+                    float kv = cyattn_gelem(k, (j + i) * ks + e, fmt);
+                    ta[i] = CYATTN_MADD(qa[e], kv, ta[i]);
+                    tb[i] = CYATTN_MADD(qb[e], kv, tb[i]);
                 }
             _mm_storeu_ps(scores + r * ss + j, _mm_mul_ps(sc, _mm_add_ps(
                 cyattn_tree4(_mm512_add_ps(al0, ah0), _mm512_add_ps(al1, ah1),
@@ -90,24 +138,42 @@ static void cyattn_gdot_f32(float* scores, ptrdiff_t ss, const float* q, ptrdiff
                              _mm512_add_ps(bl2, bh2), _mm512_add_ps(bl3, bh3)),
                 _mm_loadu_ps(tb))));
         }
-        if (r < nq)                        /* an odd last row: the helper's own loop */
-            cyattn_dot_rows(scores + r * ss + j, ss, q + r * qs, qs, 1, k + j * ks, 4, ks, n,
-                            0, scale, NULL, 0, 0, 0);
+        if (r < nq) {                      /* an odd last row: the helper's own loop */
+            kr = cyattn_grows(k, j, 4, ks, n, fmt, kvbuf, &krs);
+            cyattn_dot_rows(scores + r * ss + j, ss, q + r * qs, qs, 1, kr, 4, krs, n, 0, scale,
+                            NULL, 0, 0, 0);
+        }
     }
 #endif
     for (i = j; i < rows; i++)
         cyattn_pf_step(pf, i);
-    if (j < rows)
-        cyattn_dot_rows(scores + j, ss, q, qs, nq, k + j * ks, rows - j, ks, n, 0, scale, NULL,
-                        0, 0, 0);
+    if (j < rows) {
+        kr = cyattn_grows(k, j, rows - j, ks, n, fmt, kvbuf, &krs);
+        cyattn_dot_rows(scores + j, ss, q, qs, nq, kr, rows - j, krs, n, 0, scale, NULL, 0, 0,
+                        0);
+    }
 }
 
-#if defined(__AVX512F__) && CYATTN_HAVE_F16C
+static void cyattn_gdot_f32(float* scores, ptrdiff_t ss, const float* q, ptrdiff_t qs,
+                            ptrdiff_t nq, const float* k, ptrdiff_t rows, ptrdiff_t ks,
+                            ptrdiff_t n, float scale, const cyattn_pf_stream* pf) {
+    cyattn_gdot_fmt(scores, ss, q, qs, nq, k, rows, ks, n, scale, pf, 0, NULL);
+}
+
+/* cyattn_gdot_f32 over int8 key rows (called where CYATTN_KV8_IN_REGISTERS only: elsewhere the
+   caller widens blocks); kvbuf: 4 * n floats of scratch */
+static void cyattn_gdot_i8(float* scores, ptrdiff_t ss, const float* q, ptrdiff_t qs,
+                           ptrdiff_t nq, const int8_t* k, ptrdiff_t rows, ptrdiff_t ks,
+                           ptrdiff_t n, float scale, float* kvbuf) {
+    cyattn_gdot_fmt(scores, ss, q, qs, nq, k, rows, ks, n, scale, NULL, CYATTN_KV8_I8, kvbuf);
+}
+
+#if CYATTN_KV8_IN_REGISTERS
 /* nq (1..3) rows x nb (1..8) vectors of accumulators from element e0 over the value rows */
 CYATTN_INLINE void cyattn_gwsum_block(float* acc, ptrdiff_t as, const float* w, ptrdiff_t ws,
-                                      const int nq, const int nb, const float* v,
+                                      const int nq, const int nb, const void* v,
                                       ptrdiff_t rows, ptrdiff_t vs, ptrdiff_t e0,
-                                      const cyattn_pf_stream* pf) {
+                                      const cyattn_pf_stream* pf, const int fmt) {
     __m512 a[3][8];
     ptrdiff_t j;
     int r, b;
@@ -124,7 +190,7 @@ CYATTN_INLINE void cyattn_gwsum_block(float* acc, ptrdiff_t as, const float* w, 
             nz[r] = _mm512_cmp_ps_mask(wr[r], _mm512_setzero_ps(), _CMP_NEQ_UQ);
         }
         for (b = 0; b < nb; b++) {
-            __m512 x = _mm512_loadu_ps(v + j * vs + e0 + b * 16);
+            __m512 x = cyattn_gload16(v, j * vs + e0 + b * 16, fmt);
             for (r = 0; r < nq; r++)
                 a[r][b] = _mm512_mask3_fmadd_ps(wr[r], x, a[r][b], nz[r]);
         }
@@ -136,24 +202,25 @@ CYATTN_INLINE void cyattn_gwsum_block(float* acc, ptrdiff_t as, const float* w, 
 
 /* rows r .. r+nq-1 over all n elements: sweeps of 8, 4, 2, 1 vectors, then the scalar rest */
 CYATTN_INLINE void cyattn_gwsum_rows3(float* acc, ptrdiff_t as, const float* w, ptrdiff_t ws,
-                                      const int nq, const float* v, ptrdiff_t rows,
-                                      ptrdiff_t vs, ptrdiff_t n, const cyattn_pf_stream* pf) {
+                                      const int nq, const void* v, ptrdiff_t rows,
+                                      ptrdiff_t vs, ptrdiff_t n, const cyattn_pf_stream* pf,
+                                      const int fmt) {
     ptrdiff_t e0 = 0, j, e;
     int r;
     for (; e0 + 128 <= n; e0 += 128, pf = NULL)
-        cyattn_gwsum_block(acc, as, w, ws, nq, 8, v, rows, vs, e0, pf);
+        cyattn_gwsum_block(acc, as, w, ws, nq, 8, v, rows, vs, e0, pf, fmt);
     if (e0 + 64 <= n) {
-        cyattn_gwsum_block(acc, as, w, ws, nq, 4, v, rows, vs, e0, pf);
+        cyattn_gwsum_block(acc, as, w, ws, nq, 4, v, rows, vs, e0, pf, fmt);
         e0 += 64;
         pf = NULL;
     }
     if (e0 + 32 <= n) {
-        cyattn_gwsum_block(acc, as, w, ws, nq, 2, v, rows, vs, e0, pf);
+        cyattn_gwsum_block(acc, as, w, ws, nq, 2, v, rows, vs, e0, pf, fmt);
         e0 += 32;
         pf = NULL;
     }
     if (e0 + 16 <= n) {
-        cyattn_gwsum_block(acc, as, w, ws, nq, 1, v, rows, vs, e0, pf);
+        cyattn_gwsum_block(acc, as, w, ws, nq, 1, v, rows, vs, e0, pf, fmt);
         e0 += 16;
         pf = NULL;
     }
@@ -166,9 +233,23 @@ CYATTN_INLINE void cyattn_gwsum_rows3(float* acc, ptrdiff_t as, const float* w, 
             float wj = w[r * ws + j];
             if (wj == 0) continue;
             for (e = e0; e < n; e++)
-                acc[r * as + e] = CYATTN_MADD(wj, v[j * vs + e], acc[r * as + e]);
+                acc[r * as + e] = CYATTN_MADD(wj, cyattn_gelem(v, j * vs + e, fmt),
+                                              acc[r * as + e]);
         }
     }
+}
+
+/* all nq rows, three at a time */
+CYATTN_INLINE void cyattn_gwsum_fmt(float* acc, ptrdiff_t as, const float* w, ptrdiff_t ws,
+                                    ptrdiff_t nq, const void* v, ptrdiff_t rows, ptrdiff_t vs,
+                                    ptrdiff_t n, const cyattn_pf_stream* pf, const int fmt) {
+    ptrdiff_t r = 0;
+    for (; r + 3 <= nq; r += 3, pf = NULL)
+        cyattn_gwsum_rows3(acc + r * as, as, w + r * ws, ws, 3, v, rows, vs, n, pf, fmt);
+    if (nq - r == 2)
+        cyattn_gwsum_rows3(acc + r * as, as, w + r * ws, ws, 2, v, rows, vs, n, pf, fmt);
+    else if (nq - r == 1)
+        cyattn_gwsum_rows3(acc + r * as, as, w + r * ws, ws, 1, v, rows, vs, n, pf, fmt);
 }
 #endif
 
@@ -178,13 +259,8 @@ static void cyattn_gwsum_f32(float* acc, ptrdiff_t as, const float* w, ptrdiff_t
                              ptrdiff_t nq, const float* v, ptrdiff_t rows, ptrdiff_t vs,
                              ptrdiff_t n, const cyattn_pf_stream* pf) {
     ptrdiff_t r = 0, j;
-#if defined(__AVX512F__) && CYATTN_HAVE_F16C
-    for (; r + 3 <= nq; r += 3, pf = NULL)
-        cyattn_gwsum_rows3(acc + r * as, as, w + r * ws, ws, 3, v, rows, vs, n, pf);
-    if (nq - r == 2)
-        cyattn_gwsum_rows3(acc + r * as, as, w + r * ws, ws, 2, v, rows, vs, n, pf);
-    else if (nq - r == 1)
-        cyattn_gwsum_rows3(acc + r * as, as, w + r * ws, ws, 1, v, rows, vs, n, pf);
+#if CYATTN_KV8_IN_REGISTERS
+    cyattn_gwsum_fmt(acc, as, w, ws, nq, v, rows, vs, n, pf, 0);
     return;
 #endif
     if (pf != NULL)
@@ -193,6 +269,17 @@ static void cyattn_gwsum_f32(float* acc, ptrdiff_t as, const float* w, ptrdiff_t
     for (; r < nq; r += 4)
         cyattn_wsum_rows(acc + r * as, as, w + r * ws, ws, nq - r < 4 ? nq - r : 4, v, rows,
                          vs, n, 0, 0);
+}
+
+/* cyattn_gwsum_f32 over int8 value rows (where CYATTN_KV8_IN_REGISTERS only) */
+static void cyattn_gwsum_i8(float* acc, ptrdiff_t as, const float* w, ptrdiff_t ws,
+                            ptrdiff_t nq, const int8_t* v, ptrdiff_t rows, ptrdiff_t vs,
+                            ptrdiff_t n) {
+#if CYATTN_KV8_IN_REGISTERS
+    cyattn_gwsum_fmt(acc, as, w, ws, nq, v, rows, vs, n, NULL, CYATTN_KV8_I8);
+#else
+    (void)acc; (void)as; (void)w; (void)ws; (void)nq; (void)v; (void)rows; (void)vs; (void)n;
+#endif
 }
 
 #endif
