@@ -1,6 +1,6 @@
 # Declarations shared by the kernel modules: the C support headers (CPU features, OpenMP
-# wrappers, prefetch, half-precision conversion, the decode helpers and softmax rows in explicit
-# vectors) that Cython cannot express itself, through the umbrella _cyattn_support.h (its
+# wrappers, prefetch, half-precision conversion, the decode helpers, softmax rows, transposes
+# and tiles in explicit vectors) that Cython cannot express itself, through the umbrella _cyattn_support.h (its
 # opening comment maps each declaration's header). Only extern declarations live here, so
 # cimporting this file needs no runtime module.
 
