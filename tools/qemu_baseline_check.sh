@@ -214,9 +214,11 @@ skip_suites="$skip_suites --ignore=tests/test_fuzz_corpus.py --ignore=tests/test
 # remain (tests/test_variants.py runs the baseline variant natively).
 skip_suites="$skip_suites --ignore=tests/test_variants.py --ignore=tests/test_properties_variants.py"
 skip_suites="$skip_suites --ignore=tests/test_weights.py"
-# The grouped decode's oracle grid (289 cases x every variant, the baseline's included) and the
-# bf16 fast path's scalar emulation (the same code on every variant) also run natively.
+# The grouped decode's oracle grid (289 cases x every variant, the baseline's included), the
+# 8-bit K/V grid (388 cases, every variant) and the bf16 fast paths' scalar emulation (the same
+# code on every variant: matmul and attention) also run natively.
 skip_suites="$skip_suites --ignore=tests/test_decode_grouped.py --ignore=tests/test_bf16_fast.py"
+skip_suites="$skip_suites --ignore=tests/test_kv8.py --ignore=tests/test_bf16_attention_fast.py"
 [ -n "$pytest_args" ] || pytest_args="-m 'not slow' tests $skip_suites"
 if [ "$pytest_args" != skip ]; then
     step "test suite under -cpu $cpu: pytest $pytest_args"
