@@ -670,3 +670,33 @@ class FakeTorchMHA:
 
     def state_dict(self):
         return {k: FakeTensor(v) for k, v in self._state.items()}
+
+
+def decode_option_kwargs(spec):
+    """The keyword arguments of a decode-option spec (tests/test_decode_grouped.py OPTIONS,
+    shared by tests/test_kv8.py) that need no random values: GQA, lse and the scalar options."""
+    kw = {"enable_gqa": True, "return_lse": True}
+    for name in ("is_causal", "causal_alignment", "window", "softcap"):
+        if name in spec:
+            kw[name] = spec[name]
+    return kw
+
+
+def add_decode_entry_options(rng, spec, kw, B, Hq, L, S):
+    """Add the spec's per-entry options to kw, drawn from rng in this order: key lengths
+    (B, Hq), query lengths (B, 1), sinks (Hq,) with one -inf, ALiBi slopes (Hq,)."""
+    if spec.get("key_lengths"):
+        # the heads of one K/V head may see different lengths
+        lengths = rng.integers(0, S - 20, size=(B, Hq))
+        lengths[..., 0] = S // 2
+        kw["key_lengths"] = lengths
+    if spec.get("query_lengths"):
+        kw["query_lengths"] = rng.integers(0, L + 2, size=(B, 1))
+    if spec.get("sinks"):
+        s = grid_values(rng, (Hq,), -3.0, 3.0)
+        s[1 % Hq] = -np.inf
+        kw["sinks"] = s
+    if spec.get("alibi_slopes"):
+        kw["alibi_slopes"] = 2.0 ** -rng.integers(1, 9, size=(Hq,))
+    return kw
+

@@ -14,7 +14,10 @@ import math
 
 import numpy as np
 import pytest
-from conftest import BFLOAT16_TOLERANCE, assert_close, grid_values, oracle_sdpa_variants
+from conftest import (
+    BFLOAT16_TOLERANCE, add_decode_entry_options, assert_close, decode_option_kwargs,
+    grid_values, oracle_sdpa_variants,
+)
 
 import cyattn
 
@@ -65,10 +68,7 @@ def _case(B, Hkv, g, L, S, option, seed=0):
     k = grid_values(rng, (B, Hkv, S, E), step=1.0 / 64)
     v = grid_values(rng, (B, Hkv, S, EV), step=1.0 / 64)
     spec = OPTIONS[option]
-    kw = {"enable_gqa": True, "return_lse": True}
-    for name in ("is_causal", "causal_alignment", "window", "softcap"):
-        if name in spec:
-            kw[name] = spec[name]
+    kw = decode_option_kwargs(spec)
     mask = spec.get("mask")
     if mask == "bool":              # per query head, broadcast over the batch
         kw["attn_mask"] = rng.random((Hq, L, S)) < 0.8
@@ -80,19 +80,7 @@ def _case(B, Hkv, g, L, S, option, seed=0):
         m = grid_values(rng, (L, S))
         m[rng.random((L, S)) < 0.2] = -np.inf
         kw["attn_mask"] = m
-    if spec.get("key_lengths"):
-        # the heads of one K/V head may see different lengths
-        lengths = rng.integers(0, S - 20, size=(B, Hq))
-        lengths[..., 0] = S // 2
-        kw["key_lengths"] = lengths
-    if spec.get("query_lengths"):
-        kw["query_lengths"] = rng.integers(0, L + 2, size=(B, 1))
-    if spec.get("sinks"):
-        s = grid_values(rng, (Hq,), -3.0, 3.0)
-        s[1 % Hq] = -np.inf
-        kw["sinks"] = s
-    if spec.get("alibi_slopes"):
-        kw["alibi_slopes"] = 2.0 ** -rng.integers(1, 9, size=(Hq,))
+    add_decode_entry_options(rng, spec, kw, B, Hq, L, S)
     return q, k, v, kw
 
 

@@ -20,7 +20,8 @@ import tracemalloc
 import numpy as np
 import pytest
 from conftest import (
-    assert_close, grid_values, numpy_sdpa, numpy_sdpa_variants, oracle_sdpa_variants,
+    add_decode_entry_options, assert_close, decode_option_kwargs, grid_values, numpy_sdpa,
+    numpy_sdpa_variants, oracle_sdpa_variants,
 )
 
 import cyattn
@@ -109,28 +110,14 @@ def _case(B, Hkv, g, L, S, kind, layout, option, seed=0, e=E, ev=EV):
     ks = _scales(rng, kind, layout, k8.shape)
     vs = _scales(rng, kind, "head" if layout == "token" else layout, v8.shape)
     spec = OPTIONS[option]
-    kw = {"enable_gqa": True, "return_lse": True}
-    for name in ("is_causal", "causal_alignment", "window", "softcap"):
-        if name in spec:
-            kw[name] = spec[name]
+    kw = decode_option_kwargs(spec)
     if spec.get("mask") == "bool":
         kw["attn_mask"] = rng.random((Hq, L, S)) < 0.8
     elif spec.get("mask") == "float":
         m = grid_values(rng, (L, S)).astype(np.float32)
         m[rng.random((L, S)) < 0.2] = -np.inf
         kw["attn_mask"] = m
-    if spec.get("key_lengths"):
-        lengths = rng.integers(0, S - 20, size=(B, Hq))
-        lengths[..., 0] = S // 2
-        kw["key_lengths"] = lengths
-    if spec.get("query_lengths"):
-        kw["query_lengths"] = rng.integers(0, L + 2, size=(B, 1))
-    if spec.get("sinks"):
-        s = grid_values(rng, (Hq,), -3.0, 3.0)
-        s[1 % Hq] = -np.inf
-        kw["sinks"] = s
-    if spec.get("alibi_slopes"):
-        kw["alibi_slopes"] = 2.0 ** -rng.integers(1, 9, size=(Hq,))
+    add_decode_entry_options(rng, spec, kw, B, Hq, L, S)
     return q, k8, v8, ks, vs, kw
 
 
