@@ -1,6 +1,8 @@
 """Build script: declares the compiled kernel variants and picks flags per compiler.
 
-The same Cython sources (src/cyattn/_kernel_sources.pxi lists them) are compiled as
+The compiled core lives in src/cyattn/_core/ (the variant .pyx files, the .pxi loops that
+_kernel_sources.pxi lists, the portable C headers; isa/ holds one header per instruction set).
+The same Cython sources are compiled as
   * cyattn._kernels_baseline: no -march (x86-64 SSE2, armv8-a NEON), runs on every CPU;
   * cyattn._kernels_avx2 (x86-64 only): -mavx2 -mfma -mf16c (x86-64-v3; MSVC: /arch:AVX2);
   * cyattn._kernels_avx512 (x86-64 only): AVX-512 F/VL/BW/DQ + FMA (MSVC: /arch:AVX512),
@@ -116,8 +118,8 @@ def _extensions():
     exts = [
         Extension(
             f"cyattn._kernels_{v}",
-            [f"src/cyattn/_kernels_{v}.pyx"],
-            include_dirs=["src/cyattn"],
+            [f"src/cyattn/_core/_kernels_{v}.pyx"],
+            include_dirs=["src/cyattn/_core", "src/cyattn/_core/isa"],
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         )
         for v in variants

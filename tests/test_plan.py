@@ -11,7 +11,7 @@ import pytest
 from cyattn import _backend, _plan, _validate
 
 ROOT = Path(__file__).resolve().parent.parent
-SRC = ROOT / "src" / "cyattn"
+SRC = ROOT / "src" / "cyattn" / "_core"
 
 
 def test_constants_are_the_compiled_modules():

@@ -125,7 +125,7 @@ control() {  # control NAME PATTERN [ARG]: the program built with -fsanitize=NAM
 
 # ---------------------------------------------------------------------------------------------
 stage_step venv run
-echo "kernels: $(cd "$out/src/src/cyattn" && printf '%s ' _kernels_*.pyx)"
+echo "kernels: $(cd "$out/src/src/cyattn/_core" && printf '%s ' _kernels_*.pyx)"
 
 step "fresh venv; pip install the staged copy with CYATTN_SANITIZE=$sanitize"
 fresh_venv "$out/venv"

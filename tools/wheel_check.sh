@@ -84,7 +84,7 @@ step "free-threading: Cython's freethreading_compatible directive in effect; no 
 # The C files generated while the sdist was made (setup.py cythonizes on import). Cython's
 # default for the module's Py_mod_gil slot is the third define in this block: Py_MOD_GIL_USED
 # without the directive, Py_MOD_GIL_NOT_USED with it.
-"$tools/python" - "$out"/src/src/cyattn/_kernels_*.pyx <<'EOF'
+"$tools/python" - "$out"/src/src/cyattn/_core/_kernels_*.pyx <<'EOF'
 import re, sys
 from pathlib import Path
 bad = []

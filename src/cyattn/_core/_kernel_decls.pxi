@@ -1,8 +1,9 @@
 # Declarations shared by the kernel modules: the C support headers (CPU features, OpenMP
 # wrappers, prefetch, half-precision conversion, the decode helpers, softmax rows, transposes
-# and tiles in explicit vectors) that Cython cannot express itself, through the umbrella _cyattn_support.h (its
-# opening comment maps each declaration's header). Only extern declarations live here, so
-# cimporting this file needs no runtime module.
+# and tiles in explicit vectors) that Cython cannot express itself, through the umbrella
+# _cyattn_support.h (its opening comment maps each declaration's header; the per-ISA headers
+# are in isa/). Only extern declarations live here; _kernel_common.pxi includes this file (an
+# include, not a .pxd cimport, so that the whole compiled core stays in this folder).
 
 from libc.stdint cimport uint8_t, uint16_t, uint32_t
 
@@ -55,8 +56,8 @@ cdef extern from "_cyattn_support.h" nogil:
     void cyattn_prefetch_w(const void* p)
     void cyattn_prefetch_r(const void* p)
     enum:
-        CYATTN_BF16_MR
-        CYATTN_BF16_NR
+        BF16_MR "CYATTN_BF16_MR"
+        BF16_NR "CYATTN_BF16_NR"
         CYATTN_HAVE_BF16_DOT
         CYATTN_HAVE_TRANSPOSE
         CYATTN_HAVE_TILE12X8

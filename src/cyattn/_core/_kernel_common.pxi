@@ -23,19 +23,7 @@ cimport cython
 from cython cimport floating
 from cython.parallel cimport prange, parallel
 
-from ._kernels cimport (cyattn_cpu_features, cyattn_openmp_enabled, cyattn_omp_max_threads,
-                        cyattn_omp_num_procs, cyattn_omp_pause, cyattn_prefetch_w,
-                        cyattn_prefetch_r, cyattn_half_to_float, cyattn_float_to_half, cyattn_widen1,
-                        cyattn_wsum_rows, cyattn_dot_rows, CYATTN_ROWK, cyattn_rows_max_min_f32,
-                        cyattn_rows_exp_sum_f32, cyattn_rows_scale_f32, cyattn_softmax_row_f32,
-                        cyattn_softmax_rows_f32, cyattn_transpose_8x8_f32, cyattn_transpose_4x8_f32,
-                        cyattn_transpose_scale_f32, cyattn_tile12x8_f32, CYATTN_HAVE_TILE12X8,
-                        cyattn_any_nonfinite_f32,
-                        CYATTN_HAVE_TRANSPOSE,
-                        CYATTN_HALF_F16,
-                        CYATTN_HALF_BF16, CYATTN_HAVE_BF16_DOT, cyattn_bf16_dot_step, cyattn_bf16_dot_lane_hw,
-                        CYATTN_BF16_MR as BF16_MR, CYATTN_BF16_NR as BF16_NR,
-                        cyattn_bf16_tile_emul, cyattn_bf16_tile_avx512)
+include "_kernel_decls.pxi"   # the extern declarations of the C headers
 
 cdef extern from *:
     """

@@ -1,6 +1,6 @@
 /*
  * The few things the Cython kernels need that Cython cannot express, one header per concern;
- * the kernels include this umbrella (cdef extern from "_cyattn_support.h" in _kernels.pxd):
+ * the kernels include this umbrella (cdef extern from "_cyattn_support.h" in _kernel_decls.pxi):
  *   _cyattn_cpu.h            CPU feature detection (CPUID leaves 1 and 7, XGETBV), CYATTN_X86
  *   _cyattn_omp.h            whether the module has OpenMP; runtime wrappers (stubs without)
  *   _cyattn_common.h         CYATTN_INLINE, the prefetch hints, CYATTN_MADD
