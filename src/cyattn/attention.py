@@ -217,7 +217,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         is refused, so that its rounding stays the caller's choice); a Python or NumPy
         scalar, or a list of Python numbers, is rounded to float32; every scale must be
         finite (0 and negative values are allowed). A non-contiguous or misaligned scale
-        array is copied (its size is ``1 / E`` of its cache's elements). vLLM's ``kv_cache_dtype="fp8"`` is float8_e4m3fn
+        array is copied (its size is ``1 / E`` of its cache's elements). vLLM's
+        ``kv_cache_dtype="fp8"`` is float8_e4m3fn
         with a per-tensor scale (``k_scale``); llama.cpp's ``q8_0`` is int8 with one scale
         per 32 elements, a per-token scale only when E = 32 (see the README).
     precision : {None, "exact", "fast"}, keyword-only, optional
@@ -397,38 +398,23 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
                           return_lse, enable_gqa, out, n_threads, precision, emulate)
         if fast is not None:
             return fast
-    f = _FNAME
-    kv8 = _kv8.Inputs.of(f, key, value, key_scale, value_scale)   # 8-bit K/V, or None
-    if kv8 is not None:
-        query = V.as_float_array(query, "query", f)
-        key, value = kv8.stand_ins(f, query.dtype)    # checks and promotion; never read
-    query, key, value = V.as_float_arrays(f, query=query, key=key, value=value)
-    is_causal, enable_gqa, return_lse = V.check_bools(
-        f, is_causal=is_causal, enable_gqa=enable_gqa, return_lse=return_lse)
-    V.check_alignment(causal_alignment, f)
-    V.require_matrices(f, "..., length, dim", query=query, key=key, value=value)
-    L, E, S = V.query_key_dims(f, query, key)
-    Sv, Ev = value.shape[-2:]
-    if Sv != S:
-        raise ValueError(f"{f}: key has S={S} rows (shape {key.shape}) but value has {Sv} "
-                         f"(shape {value.shape}); expected equal")
-    batch, group = V.attention_batch_shape(f, enable_gqa, query, key=key, value=value)
-    compute, result = V.float_dtypes(query, key, value)
-    if scale is None:
-        scale = 1.0 / math.sqrt(E) if E > 0 else 1.0
-    else:
-        scale = V.check_real(scale, "scale", f)
-    kind, mask = V.prepare_mask(attn_mask, "attn_mask", f, compute)
-    if kind:
-        mask = V.broadcast_mask(mask, batch + (L, S), "attn_mask", f)
-    var = V.AttentionVariants(f, batch, L, S, compute, window=window, softcap=softcap,
-                              key_lengths=key_lengths, query_lengths=query_lengths,
-                              alibi_slopes=alibi_slopes, sinks=sinks)
-    out_shape = batch + (L, Ev)
-    if out is not None:
-        V.check_out(out, out_shape, result, f)
-    n_threads = V.resolve_threads(n_threads, f)
+    return _run(V.describe_attention(
+        _FNAME, query, key, value, attn_mask, is_causal, scale, causal_alignment, enable_gqa,
+        out, n_threads, return_lse=return_lse, window=window, softcap=softcap, sinks=sinks,
+        alibi_slopes=alibi_slopes, key_lengths=key_lengths, query_lengths=query_lengths,
+        key_scale=key_scale, value_scale=value_scale), precision, emulate)
 
+
+def _run(call, precision, emulate):
+    """The kernel paths of a validated call (:class:`cyattn._validate.AttentionCall`): the
+    fused / decode / two-pass kernels (16-bit inputs read in place, 8-bit K/V read in place
+    by the decode path or dequantised), or the bf16 fast path; writes ``out`` or returns a
+    new result, and the lse with ``return_lse``."""
+    f, query, key, value, kv8 = call.fname, call.query, call.key, call.value, call.kv8
+    batch, group, L, S, E, Ev = call.batch, call.group, call.L, call.S, call.E, call.Ev
+    compute, result, out, var = call.compute, call.result, call.out, call.variants
+    kind, mask = call.mask_kind, call.mask
+    out_shape = batch + (L, Ev)
     count = math.prod(batch)
     # float16/bfloat16 inputs are read as they are (the query only with more than
     # _DECODE_MAX_L rows: decode reads a float32 query); K and V when of one format
@@ -439,7 +425,7 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
     # (a half call may be redone on float32 inputs: never straight into the caller's out)
     res, o_off, o_rs = None, None, -1
     if out is not None and not (q_fmt or kv_fmt):
-        inputs = (query, key, value, attn_mask, var.key_lengths, var.query_lengths, var.slopes,
+        inputs = (query, key, value, call.attn_mask, var.key_lengths, var.query_lengths, var.slopes,
                   var.sinks)       # the per-entry options may be the caller's own memory
         if kv8 is not None:
             inputs += kv8.real_arrays()
@@ -454,7 +440,8 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
         res = np.empty(out_shape, dtype=compute)
     lse = np.empty(batch + (L,), dtype=compute)
     if count and L:
-        n_threads = V.threads_for_work(n_threads, count * L * max(S, 1) * (E + Ev + 8), 1 << 18)
+        n_threads = V.threads_for_work(call.n_threads, count * L * max(S, 1) * (E + Ev + 8),
+                                       1 << 18)
         if kind:
             m_off = V.batch_offsets(mask, batch)
             m_rs, m_cs = mask.strides[-2] // mask.itemsize, mask.strides[-1] // mask.itemsize
@@ -485,8 +472,8 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
                 V.column_stride(k),
                 v, V.batch_offsets(v, batch, group), v.strides[-2] // v.itemsize,
                 V.column_stride(v),
-                mask, kind, m_off, m_rs, m_cs, res, lse, L, S, E, Ev, scale, is_causal,
-                causal_alignment == "bottom_right", return_lse, n_threads, var.left, var.right,
+                mask, kind, m_off, m_rs, m_cs, res, lse, L, S, E, Ev, call.scale, call.is_causal,
+                call.bottom_right, call.return_lse, n_threads, var.left, var.right,
                 var.softcap, var.key_lengths, var.query_lengths, var.slopes, var.sinks,
                 q_fmt=q_fmt, kv_fmt=kv_fmt, o_off=o_off, o_rs=o_rs, **scales)
 
@@ -497,7 +484,7 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
                 k, V.batch_offsets(k, batch, group), k.strides[-2] // 2, V.column_stride(k),
                 v, V.batch_offsets(v, batch, group), v.strides[-2] // 2, V.column_stride(v),
                 mask, kind, m_off, m_rs, m_cs, res.reshape(-1, L, Ev), lse.reshape(-1, L),
-                L, S, E, Ev, scale, is_causal, causal_alignment == "bottom_right", return_lse,
+                L, S, E, Ev, call.scale, call.is_causal, call.bottom_right, call.return_lse,
                 n_threads, var.left, var.right, var.softcap, var.key_lengths,
                 var.query_lengths, var.slopes, var.sinks, emulate=emulate)
 
@@ -516,6 +503,6 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
         res = out
     else:
         res = V.to_result(res, result)
-    if return_lse:
+    if call.return_lse:
         return res, V.to_result(lse, result)
     return res

@@ -124,47 +124,30 @@ def attention_weights(query, key, attn_mask=None, is_causal=False, scale=None, *
     array([[0.5  , 0.5  , 0.   ],
            [0.333, 0.333, 0.333]])
     """
-    f = _FNAME
-    query, key = V.as_float_arrays(f, query=query, key=key)
-    is_causal, enable_gqa = V.check_bools(f, is_causal=is_causal, enable_gqa=enable_gqa)
-    V.check_alignment(causal_alignment, f)
-    V.require_matrices(f, "..., length, dim", query=query, key=key)
-    L, E, S = V.query_key_dims(f, query, key)
-    batch, group = V.attention_batch_shape(f, enable_gqa, query, key=key)
-    compute, result = V.float_dtypes(query, key)
-    if scale is None:
-        scale = 1.0 / math.sqrt(E) if E > 0 else 1.0
-    else:
-        scale = V.check_real(scale, "scale", f)
-    shape = batch + (L, S)
-    kind, mask = V.prepare_mask(attn_mask, "attn_mask", f, compute)
-    if kind:
-        V.broadcast_mask(mask, shape, "attn_mask", f)     # the check; NumPy broadcasts below
-    variants = V.AttentionVariants(f, batch, L, S, compute, window=window, softcap=softcap,
-                                   key_lengths=key_lengths, query_lengths=query_lengths,
-                                   alibi_slopes=alibi_slopes, sinks=sinks)
-    if out is not None:
-        V.check_out(out, shape, result, f)
-    n_threads = V.resolve_threads(n_threads, f)
-
+    c = V.describe_attention(_FNAME, query, key, None, attn_mask, is_causal, scale,
+                             causal_alignment, enable_gqa, out, n_threads, window=window,
+                             softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+                             key_lengths=key_lengths, query_lengths=query_lengths)
+    query, key, compute, variants = c.query, c.key, c.compute, c.variants
+    shape = c.batch + (c.L, c.S)
     if out is not None and V.writes_in_place(out, compute, (query, key, attn_mask)):
         scores = out
         scores.fill(0)
     else:
         scores = np.zeros(shape, dtype=compute)
     if scores.size:
-        _scores(scores, query, key, batch, group, scale, n_threads)
-        lse = _apply_variants(scores, mask.view(np.bool_) if kind == 1 else None,
-                              mask if kind == 2 else None, is_causal,
-                              causal_alignment == "bottom_right", variants)
-        _softmax_rows(scores, n_threads)
+        _scores(scores, query, key, c.batch, c.group, c.scale, c.n_threads)
+        lse = _apply_variants(scores, c.mask.view(np.bool_) if c.mask_kind == 1 else None,
+                              c.mask if c.mask_kind == 2 else None, c.is_causal,
+                              c.bottom_right, variants)
+        _softmax_rows(scores, c.n_threads)
         if lse is not None:
             _sink_shares(scores, lse, variants.sinks)
     if out is not None:
         if scores is not out:
             V.copy_result(out, scores)
         return out
-    return V.to_result(scores, result)
+    return V.to_result(scores, c.result)
 
 
 def _scores(scores, query, key, batch, group, scale, n_threads):
