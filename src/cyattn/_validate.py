@@ -549,12 +549,14 @@ def describe_attention(fname, query, key, value, attn_mask, is_causal, scale, ca
                       else as_float_array(arr, name, f)
                       for arr, code, name in ((kv8.key, kv8.codes[0], "key"),
                                               (kv8.value, kv8.codes[1], "value")))
-    if value is None:
+    elif value is None:
         query, key = as_float_arrays(f, query=query, key=key)
+    else:
+        query, key, value = as_float_arrays(f, query=query, key=key, value=value)
+    if value is None:
         c.is_causal, c.enable_gqa = check_bools(f, is_causal=is_causal, enable_gqa=enable_gqa)
         c.return_lse = False
     else:
-        query, key, value = as_float_arrays(f, query=query, key=key, value=value)
         c.is_causal, c.enable_gqa, c.return_lse = check_bools(
             f, is_causal=is_causal, enable_gqa=enable_gqa, return_lse=return_lse)
     check_alignment(causal_alignment, f)
