@@ -66,7 +66,8 @@ def attention_weights(query, key, attn_mask=None, is_causal=False, scale=None, *
         The attention variants, exactly as in :func:`cyattn.scaled_dot_product_attention`
         (see there): a window, key lengths and ``is_causal`` remove keys, rows at or past a
         query length are all 0, the softcap and ALiBi transform the scores before the masks,
-        and a sink takes its share ``exp(sink - lse)`` of each row's weight.
+        and a sink takes its share ``exp(sink - lse)`` of each row's weight (a NaN sink makes
+        every row of its head NaN, also one with no permitted key).
 
     Returns
     -------
