@@ -177,8 +177,9 @@ refusal_control() {  # refusal_control ARG VERDICT: the refusal log is judged VE
     local rc=0 files=()
     (env "${refusal_env[@]}" "$out/control/address" "$1" 2>/dev/null; exit $?) 2>/dev/null || rc=$?
     mapfile -t files < <(refusal_logs)
-    [ "${#files[@]}" -eq 1 ] && grep -q -E "$refusal_re" "${files[0]}" ||
+    if [ "${#files[@]}" -ne 1 ] || ! grep -q -E "$refusal_re" "${files[0]}"; then
         fail "the refusal control ($1) wrote no allocation-refusal warning (exit $rc)"
+    fi
     if only_refusals "${files[0]}"; then got=expected; else got=finding; fi
     [ "$got" = "$2" ] || { cat "${files[0]}"; fail "the refusal control ($1) was judged $got"; }
     echo "refusal control ($1): judged $got as it must be (exit $rc)"
@@ -191,7 +192,7 @@ fi
 
 # ---------------------------------------------------------------------------------------------
 stage_step venv run
-echo "kernels: $(find "$out/src/src/cyattn" -name '_kernels_*.pyx' -printf '%P ' | sort)"
+echo "kernels: $(find "$out/src/src/cyattn" -name '_kernels_*.pyx' -printf '%P\n' | sort | tr '\n' ' ')"
 
 step "fresh venv; pip install the staged copy with CYATTN_SANITIZE=$sanitize"
 fresh_venv "$out/venv"
