@@ -10,8 +10,9 @@
 #      so the build never writes into the checkout and always uses the current sources;
 #   2. a fresh virtual environment; pip install the staged copy with CYATTN_SANITIZE (setup.py
 #      adds -fsanitize=... -fno-omit-frame-pointer -g, keeping -O3) plus the test dependencies
-#      and, unless --no-torch, torch (pinned as in .ci/run: the PyTorch comparisons run under
-#      ASan too); every compiled kernel module must reference the sanitizer runtimes;
+#      and ml_dtypes (bfloat16, float8) and, unless --no-torch, torch (pinned as in .ci/run: the
+#      PyTorch comparisons run under ASan too); every compiled kernel module must reference the
+#      sanitizer runtimes;
 #   3. the test suite (minus slow tests) from a directory that holds only a copy of tests/, with
 #      the ASan runtime preloaded (CPython is not built with ASan, so the runtime must come
 #      first in the process), PYTHONMALLOC=malloc, and the reports of every process written to
@@ -69,6 +70,9 @@ quick_suites=(
 )
 quick=0
 torch_pin=torch==2.13.0          # as in .ci/run
+# ml_dtypes (pinned as in .ci/run): without it the bfloat16 and float8 tests -- the bf16 fast
+# paths, float8 K/V -- skip themselves, and their kernels would go unchecked
+ml_dtypes_pin=ml_dtypes==0.7.0
 check_name=sanitize_check
 # shellcheck source=tools/_steps.sh
 source "$root/tools/_steps.sh"
@@ -202,6 +206,8 @@ printf '[build_ext]\nparallel = %s\n' "${CYATTN_BUILD_JOBS:-1}" > "$out/build_ex
 pip_install_staged "$out/build.log" CYATTN_SANITIZE="$sanitize" DIST_EXTRA_CONFIG="$out/build_ext.cfg"
 grep -q "cyattn: compiler=.* sanitize=$sanitize\$" "$out/build.log" ||
     fail "setup.py did not report sanitize=$sanitize (log: $out/build.log)"
+"$vpy" -m pip install "${pip_q[@]}" "$ml_dtypes_pin" > "$out/ml_dtypes.log" 2>&1 ||
+    { tail -20 "$out/ml_dtypes.log"; fail "pip install $ml_dtypes_pin"; }
 if [ "$with_torch" = 1 ]; then
     "$vpy" -m pip install "${pip_q[@]}" "$torch_pin" > "$out/torch.log" 2>&1 ||
         { tail -20 "$out/torch.log"; fail "pip install $torch_pin (or run with --no-torch)"; }
