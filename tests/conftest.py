@@ -48,9 +48,32 @@ VARIANTS = _backend.available_variants()
 FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 
 
+ALLOCATION_REFUSAL_MARKER = (
+    "allocation_refusal(what): the test requests more memory than any machine has and expects "
+    "the refusal (MemoryError). Under AddressSanitizer with allocator_may_return_null=1 the "
+    "refusal also writes a 'failed to allocate' warning, not a report: tools/sanitize_check.sh "
+    "runs these tests apart and expects exactly that warning from them")
+
+
 def pytest_configure(config):
     # Also declared in pyproject.toml; registered here so the suite works from any rootdir.
     config.addinivalue_line("markers", "slow: long-running tests (skipped with -m 'not slow')")
+    config.addinivalue_line("markers", ALLOCATION_REFUSAL_MARKER)
+
+
+def pytest_collection_modifyitems(config, items):
+    """CYATTN_ALLOCATION_REFUSALS=skip / only (set by tools/sanitize_check.sh): deselect the
+    tests marked allocation_refusal, or all the others; unset: run everything."""
+    mode = os.environ.get("CYATTN_ALLOCATION_REFUSALS", "")
+    if mode not in ("skip", "only"):
+        return
+    keep, drop = [], []
+    for item in items:
+        marked = item.get_closest_marker("allocation_refusal") is not None
+        (keep if marked == (mode == "only") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(params=VARIANTS)

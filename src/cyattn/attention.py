@@ -194,7 +194,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         (gpt-oss attention sinks, ONNX Runtime's ``head_sink``, ggml's ``add_sinks``): the
         weights sum to ``1 - exp(sink - lse)``. The lse includes it; a row with no permitted
         key gives output 0 and lse equal to the sink; ``-inf`` has no effect; ``+inf`` takes
-        all the weight (output 0, lse ``+inf``).
+        all the weight (output 0, lse ``+inf``). A NaN sink takes part in every row's
+        denominator, so it makes every row NaN (output and lse), also a row with no permitted
+        key. Rows past ``query_lengths`` give output 0 and lse ``-inf`` whatever the sink.
     alibi_slopes : array_like of float, keyword-only, optional
         Per-head ALiBi slopes (broadcastable to the batch shape): ``-slope * |p(i) - j|`` is
         added to the scaled (and capped) scores (Press et al. 2022, flash-attn's definition).

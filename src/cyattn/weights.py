@@ -66,7 +66,8 @@ def attention_weights(query, key, attn_mask=None, is_causal=False, scale=None, *
         The attention variants, exactly as in :func:`cyattn.scaled_dot_product_attention`
         (see there): a window, key lengths and ``is_causal`` remove keys, rows at or past a
         query length are all 0, the softcap and ALiBi transform the scores before the masks,
-        and a sink takes its share ``exp(sink - lse)`` of each row's weight.
+        and a sink takes its share ``exp(sink - lse)`` of each row's weight (a NaN sink makes
+        every row of its head NaN, also one with no permitted key).
 
     Returns
     -------
@@ -210,6 +211,8 @@ def _apply_variants(scores, keep, bias, is_causal, bottom_right, var):
         if keep is not None:
             removed = removed | ~keep[b]
         np.copyto(entry, -np.inf, where=removed)
+        if lse is not None and np.isnan(var.sinks[b]):
+            entry[:q_len] = np.nan      # a NaN sink makes its rows NaN, also those with no key
         if lse is not None:
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 m = entry.max(axis=-1, initial=-np.inf).astype(np.float64)
@@ -220,7 +223,8 @@ def _apply_variants(scores, keep, bias, is_causal, bottom_right, var):
 
 def _sink_shares(weights, lse, sinks):
     """Scale each row's weights by its share left by the sink: 1 / (1 + exp(sink - lse))
-    (0 for an infinite sink, 1 for a -inf one); rows with no permitted key stay 0."""
+    (0 for an infinite sink, 1 for a -inf one); rows with no permitted key stay 0 (but a NaN
+    sink has made its rows NaN in _apply_variants)."""
     L, S = weights.shape[-2:]
     flat = weights.reshape(-1, L, S)
     with np.errstate(over="ignore", invalid="ignore"):
