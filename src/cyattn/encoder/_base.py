@@ -1,7 +1,7 @@
 """What every model family of :mod:`cyattn.encoder` shares: the model folder (configs, prompts,
 pooling), the tokenizer, the weights, pooling, and the batching and thread plan.
 
-A family (``_bert.py``: BERT; ...) is a subclass
+A family (``_bert.py``: BERT; ``_xlm_roberta.py``: XLM-RoBERTa and RoBERTa; ...) is a subclass
 of :class:`Encoder` that checks its ``config.json`` (:meth:`Encoder._check_config`), takes its
 tensors (:meth:`Encoder._load_weights`) and computes the packed hidden states of a batch
 (:meth:`Encoder._hidden`); everything else is here. ``Encoder(folder)`` (and
@@ -38,6 +38,8 @@ __all__ = ["Encoder", "check_model_folder", "default_model_dir"]
 # model_type of config.json -> (module, class) of the family that runs it
 _FAMILIES = {
     "bert": ("._bert", "BertEncoder"),
+    "xlm-roberta": ("._xlm_roberta", "XLMRobertaEncoder"),
+    "roberta": ("._xlm_roberta", "XLMRobertaEncoder"),
 }
 
 # pooling modes of sentence-transformers' Pooling config. 6.x: "pooling_mode" (a name or a
