@@ -174,3 +174,17 @@ def test_default_prompt_name_is_used(st_model, tmp_path):
     np.testing.assert_array_equal(enc.encode(texts), enc.encode(texts, prompt_name="query"))
     check_close(enc.encode(texts), st_mod.SentenceTransformer(str(d), device="cpu")
                 .encode(texts))
+
+
+def test_embed_cli_with_a_prompt(st_model, tmp_path, capsys):
+    from cyattn.__main__ import main
+    _, _, folder = st_model
+    src = tmp_path / "t.txt"
+    texts = _texts()[:6]
+    src.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    out = tmp_path / "e.npy"
+    rc = main(["embed", str(src), "--model", str(folder), "--prompt-name", "query", "-o",
+               str(out)])
+    assert rc == 0, capsys.readouterr().err
+    np.testing.assert_array_equal(np.load(out), cyattn.encoder.load(folder).encode(
+        texts, prompt_name="query"))

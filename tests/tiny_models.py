@@ -41,6 +41,7 @@ def bert_tokenizer():
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
     return _fast(tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                 model_input_names=["input_ids", "token_type_ids", "attention_mask"],
                  sep_token="[SEP]", mask_token="[MASK]"), len(vocab)
 
 
@@ -87,6 +88,8 @@ def save_model(folder, family, seed=0, head=None, **overrides):
         for name, p in model.named_parameters():
             if "LayerNorm" in name:
                 p.add_(0.1 * torch.randn_like(p))
+            elif name.startswith(("classifier", "bert.pooler")):
+                p.mul_(40.0)               # logits of order 1, not 0.02
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return model

@@ -20,7 +20,8 @@ from __future__ import annotations
 from ._base import Encoder, check_model_folder, default_model_dir
 from ._bert import gelu_
 
-__all__ = ["Encoder", "check_model_folder", "default_model_dir", "gelu_", "load"]
+__all__ = ["Encoder", "check_model_folder", "default_model_dir", "gelu_", "load",
+           "load_reranker"]
 
 
 def load(model=None, *, linear="cyattn"):
@@ -59,3 +60,38 @@ def load(model=None, *, linear="cyattn"):
         installed.
     """
     return Encoder(model, linear=linear)
+
+
+def load_reranker(model, *, linear="cyattn"):
+    """Load a cross-encoder reranker (sentence-transformers' ``CrossEncoder``).
+
+    Parameters
+    ----------
+    model : path-like
+        Folder of a transformers sequence-classification model: ``config.json``
+        (``BertForSequenceClassification``, e.g. ms-marco-MiniLM-L6-v2;
+        ``XLMRobertaForSequenceClassification``, e.g. bge-reranker-base / v2-m3;
+        ``RobertaForSequenceClassification``), ``model.safetensors`` and ``tokenizer.json``.
+    linear : {"cyattn", "numpy"}
+        Dense layers on ``cyattn.matmul_accumulate`` (default) or NumPy's BLAS.
+
+    Returns
+    -------
+    cyattn.encoder._reranker.CrossEncoder
+        Thread-safe; ``.predict(pairs)`` scores (query, passage) pairs and
+        ``.rank(query, passages, top_k=)`` (also spelled ``.rerank``) sorts passages by them.
+
+    Raises
+    ------
+    FileNotFoundError
+        The folder or one of its required files is missing (the message names it).
+    ValueError
+        An architecture that is not a supported sequence classifier (the message names
+        config.json's architectures), pickled weights only, a missing or misshapen tensor,
+        an unsupported activation, or a bad ``linear``.
+    ImportError
+        ``tokenizers``/``safetensors`` is not installed.
+    """
+    from ._reranker import CrossEncoder
+
+    return CrossEncoder(model, linear=linear)
