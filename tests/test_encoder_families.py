@@ -1,5 +1,8 @@
 """cyattn.encoder's model families (issue 48) against transformers and sentence-transformers.
 
+Families: BERT, XLM-RoBERTa, ModernBERT (4 layers: global, local, local, global, with a
+sliding window of 8 keys, so most texts are longer than the window).
+
 No model hub: each family is a seeded tiny random model (tests/tiny_models.py) saved with a
 tokenizer built in a temporary folder; sentence-transformers saves the sentence-transformers
 layout around it (its 6.x pooling config format; the older ``pooling_mode_*_tokens`` keys are
@@ -48,7 +51,7 @@ def check_close(got, want):
         cos.min(), np.abs(g - w).max())
 
 
-@pytest.fixture(scope="module", params=["bert", "xlm-roberta"])
+@pytest.fixture(scope="module", params=["bert", "xlm-roberta", "modernbert"])
 def st_model(request, tmp_path_factory):
     """(family, sentence-transformers model, its folder) with mean pooling, Normalize and a
     query prompt."""
@@ -65,8 +68,8 @@ def st_model(request, tmp_path_factory):
 def test_family_matches_sentence_transformers(st_model):
     family, st, folder = st_model
     enc = cyattn.encoder.load(folder)
-    assert type(enc).__name__ == {"bert": "BertEncoder",
-                                  "xlm-roberta": "XLMRobertaEncoder"}[family]
+    assert type(enc).__name__ == {"bert": "BertEncoder", "xlm-roberta": "XLMRobertaEncoder",
+                                  "modernbert": "ModernBertEncoder"}[family]
     assert enc.max_seq_length == MAX_SEQ and enc.pooling == ("mean",) and enc.normalize
     texts = _texts()
     assert max(len(t) for t in enc.tokenize(texts)) == MAX_SEQ       # truncated
@@ -188,3 +191,26 @@ def test_embed_cli_with_a_prompt(st_model, tmp_path, capsys):
     assert rc == 0, capsys.readouterr().err
     np.testing.assert_array_equal(np.load(out), cyattn.encoder.load(folder).encode(
         texts, prompt_name="query"))
+
+
+def test_modernbert_hub_config_format(st_model, tmp_path):
+    """ModernBERT folders on the hub predate layer_types and rope_parameters: they give
+    global_attn_every_n_layers, global_rope_theta and local_rope_theta (same model here)."""
+    family, _, folder = st_model
+    if family != "modernbert":
+        pytest.skip("ModernBERT only")
+    d = tmp_path / "m"
+    shutil.copytree(folder, d)
+
+    def legacy(cfg):
+        cfg = {k: v for k, v in cfg.items() if k not in ("layer_types", "rope_parameters")}
+        return dict(cfg, global_attn_every_n_layers=3, global_rope_theta=160000.0,
+                    local_rope_theta=10000.0)
+
+    _rewrite(d, "config.json", legacy)
+    texts = _texts()
+    np.testing.assert_array_equal(cyattn.encoder.load(d).encode(texts),
+                                  cyattn.encoder.load(folder).encode(texts))
+    _rewrite(d, "config.json", lambda c: dict(c, local_rope_theta=20000.0))
+    assert not np.array_equal(cyattn.encoder.load(d).encode(texts),
+                              cyattn.encoder.load(folder).encode(texts))

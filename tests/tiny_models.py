@@ -27,8 +27,9 @@ def _fast(tok, **special):
     return PreTrainedTokenizerFast(tokenizer_object=tok, **special)
 
 
-def bert_tokenizer():
-    """A BERT WordPiece tokenizer ([CLS] A [SEP] B [SEP], types 0 then 1) as transformers'."""
+def bert_tokenizer(types=True):
+    """A BERT WordPiece tokenizer ([CLS] A [SEP] B [SEP], types 0 then 1) as transformers';
+    ``types=False``: it returns no token_type_ids (ModernBERT's)."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     vocab = (specials + list(string.ascii_lowercase) + list(string.digits)
@@ -41,7 +42,8 @@ def bert_tokenizer():
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
     return _fast(tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                 model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+                 model_input_names=(["input_ids", "token_type_ids", "attention_mask"] if types
+                                    else ["input_ids", "attention_mask"]),
                  sep_token="[SEP]", mask_token="[MASK]"), len(vocab)
 
 
@@ -69,24 +71,31 @@ def save_model(folder, family, seed=0, head=None, **overrides):
     head, ``num_labels`` from ``overrides``, default 1). Returns the torch model (eval mode)."""
     import torch
     import transformers as tf
-    tok, vocab = {"bert": bert_tokenizer, "xlm-roberta": xlmr_tokenizer}[family]()
+    tok, vocab = {"bert": bert_tokenizer, "xlm-roberta": xlmr_tokenizer,
+                  "modernbert": lambda: bert_tokenizer(types=False)}[family]()
     kw = dict(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
               intermediate_size=64, max_position_embeddings=96)
     if family == "xlm-roberta":
         kw.update(type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2,
                   max_position_embeddings=98)
+    if family == "modernbert":             # 4 layers: global, local, local, global
+        kw.update(num_hidden_layers=4, intermediate_size=48, max_position_embeddings=128,
+                  local_attention=8, pad_token_id=0, cls_token_id=2, sep_token_id=3,
+                  bos_token_id=2, eos_token_id=3, norm_eps=1e-5)
     if head is not None:
         kw.setdefault("num_labels", 1)
     kw.update(overrides)
     config, bare, classify = {
         "bert": (tf.BertConfig, tf.BertModel, tf.BertForSequenceClassification),
         "xlm-roberta": (tf.XLMRobertaConfig, tf.XLMRobertaModel,
-                        tf.XLMRobertaForSequenceClassification)}[family]
+                        tf.XLMRobertaForSequenceClassification),
+        "modernbert": (tf.ModernBertConfig, tf.ModernBertModel,
+                       tf.ModernBertForSequenceClassification)}[family]
     torch.manual_seed(seed)
     model = (classify if head else bare)(config(**kw)).eval()
     with torch.no_grad():                  # LayerNorms away from their (1, 0) start
         for name, p in model.named_parameters():
-            if "LayerNorm" in name:
+            if "LayerNorm" in name or "norm" in name.split(".")[-2]:
                 p.add_(0.1 * torch.randn_like(p))
             elif name.startswith(("classifier", "bert.pooler")):
                 p.mul_(40.0)               # logits of order 1, not 0.02

@@ -40,6 +40,7 @@ _FAMILIES = {
     "bert": ("._bert", "BertEncoder"),
     "xlm-roberta": ("._xlm_roberta", "XLMRobertaEncoder"),
     "roberta": ("._xlm_roberta", "XLMRobertaEncoder"),
+    "modernbert": ("._modernbert", "ModernBertEncoder"),
 }
 
 # pooling modes of sentence-transformers' Pooling config. 6.x: "pooling_mode" (a name or a
@@ -454,7 +455,8 @@ class Encoder:
         for lay in self.layers:
             for v in lay.values():
                 v = v.data if isinstance(v, _PackedB) else v
-                yield from (v if isinstance(v, tuple) else (v,))
+                yield from (a for a in (v if isinstance(v, tuple) else (v,))
+                            if isinstance(a, np.ndarray))
 
     def __repr__(self):
         return (f"{type(self).__name__}({str(self.model_dir)!r}, dim={self.dim}, "
