@@ -1,7 +1,8 @@
 """cyattn.encoder's model families (issue 48) against transformers and sentence-transformers.
 
 Families: BERT, XLM-RoBERTa, ModernBERT (4 layers: global, local, local, global, with a
-sliding window of 8 keys, so most texts are longer than the window).
+sliding window of 8 keys, so most texts are longer than the window), Qwen3 (causal, GQA 4/2
+heads of 16, last-token pooling).
 
 No model hub: each family is a seeded tiny random model (tests/tiny_models.py) saved with a
 tokenizer built in a temporary folder; sentence-transformers saves the sentence-transformers
@@ -29,6 +30,9 @@ import cyattn.encoder
 MIN_COSINE = 0.99999
 MAX_ABS_DIFF = 1e-5
 MAX_SEQ = 64
+POOLING = {"qwen3": "lasttoken"}
+CLASSES = {"bert": "BertEncoder", "xlm-roberta": "XLMRobertaEncoder",
+           "modernbert": "ModernBertEncoder", "qwen3": "Qwen3Encoder"}
 
 
 @pytest.fixture(autouse=True)
@@ -51,15 +55,16 @@ def check_close(got, want):
         cos.min(), np.abs(g - w).max())
 
 
-@pytest.fixture(scope="module", params=["bert", "xlm-roberta", "modernbert"])
+@pytest.fixture(scope="module", params=["bert", "xlm-roberta", "modernbert", "qwen3"])
 def st_model(request, tmp_path_factory):
-    """(family, sentence-transformers model, its folder) with mean pooling, Normalize and a
-    query prompt."""
+    """(family, sentence-transformers model, its folder) with mean pooling (Qwen3: last
+    token), Normalize and a query prompt."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
         root = tmp_path_factory.mktemp(request.param)
         tiny_models.save_model(root / "hf", request.param, seed=3)
         st = tiny_models.sentence_transformer(root / "hf", root / "st",
+                                              pooling=POOLING.get(request.param, "mean"),
                                               prompts={"query": "query: ", "document": ""},
                                               max_seq_length=MAX_SEQ)
     return request.param, st, root / "st"
@@ -68,9 +73,9 @@ def st_model(request, tmp_path_factory):
 def test_family_matches_sentence_transformers(st_model):
     family, st, folder = st_model
     enc = cyattn.encoder.load(folder)
-    assert type(enc).__name__ == {"bert": "BertEncoder", "xlm-roberta": "XLMRobertaEncoder",
-                                  "modernbert": "ModernBertEncoder"}[family]
-    assert enc.max_seq_length == MAX_SEQ and enc.pooling == ("mean",) and enc.normalize
+    assert type(enc).__name__ == CLASSES[family]
+    assert enc.max_seq_length == MAX_SEQ and enc.normalize
+    assert enc.pooling == (POOLING.get(family, "mean"),)
     texts = _texts()
     assert max(len(t) for t in enc.tokenize(texts)) == MAX_SEQ       # truncated
     check_close(enc.encode(texts, batch_size=8, n_threads=2),
@@ -107,18 +112,20 @@ def test_pooling_config_formats(st_model, tmp_path):
     """sentence-transformers 6.2 writes {"embedding_dimension", "pooling_mode",
     "include_prompt"}; older versions one pooling_mode_*_tokens key per mode. Both load and
     give the same bits."""
-    _, st, folder = st_model
+    family, st, folder = st_model
+    mode = POOLING.get(family, "mean")
     pool = json.loads((folder / "1_Pooling" / "config.json").read_text())
-    assert pool == {"embedding_dimension": 32, "pooling_mode": "mean", "include_prompt": True}
+    assert pool == {"embedding_dimension": 32, "pooling_mode": mode, "include_prompt": True}
     old = tmp_path / "old"
     shutil.copytree(folder, old)
     (old / "1_Pooling" / "config.json").write_text(json.dumps({
         "word_embedding_dimension": 32, "pooling_mode_cls_token": False,
-        "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
-        "pooling_mode_mean_sqrt_len_tokens": False}))
+        "pooling_mode_mean_tokens": mode == "mean", "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False,
+        "pooling_mode_lasttoken": mode == "lasttoken"}))
     texts = _texts()
     new_enc, old_enc = cyattn.encoder.load(folder), cyattn.encoder.load(old)
-    assert old_enc.pooling == new_enc.pooling == ("mean",)
+    assert old_enc.pooling == new_enc.pooling == (mode,)
     np.testing.assert_array_equal(old_enc.encode(texts), new_enc.encode(texts))
     check_close(old_enc.encode(texts), st_mod.SentenceTransformer(str(old), device="cpu")
                 .encode(texts))
@@ -193,24 +200,34 @@ def test_embed_cli_with_a_prompt(st_model, tmp_path, capsys):
         texts, prompt_name="query"))
 
 
-def test_modernbert_hub_config_format(st_model, tmp_path):
-    """ModernBERT folders on the hub predate layer_types and rope_parameters: they give
-    global_attn_every_n_layers, global_rope_theta and local_rope_theta (same model here)."""
+def _modernbert_hub(cfg):
+    cfg = {k: v for k, v in cfg.items() if k not in ("layer_types", "rope_parameters")}
+    return dict(cfg, global_attn_every_n_layers=3, global_rope_theta=160000.0,
+                local_rope_theta=10000.0)
+
+
+def _qwen3_hub(cfg):
+    cfg = {k: v for k, v in cfg.items() if k not in ("layer_types", "rope_parameters")}
+    return dict(cfg, rope_theta=10000.0)
+
+
+HUB_CONFIGS = {"modernbert": (_modernbert_hub, dict(local_rope_theta=20000.0)),
+               "qwen3": (_qwen3_hub, dict(rope_theta=20000.0))}
+
+
+def test_hub_config_format(st_model, tmp_path):
+    """Configs on the hub predate transformers 5's layer_types and rope_parameters: ModernBERT
+    gives global_attn_every_n_layers, global_rope_theta and local_rope_theta, Qwen3
+    rope_theta (the same model here: the same bits; another theta: other bits)."""
     family, _, folder = st_model
-    if family != "modernbert":
-        pytest.skip("ModernBERT only")
+    if family not in HUB_CONFIGS:
+        pytest.skip("no other config format")
+    legacy, other = HUB_CONFIGS[family]
     d = tmp_path / "m"
     shutil.copytree(folder, d)
-
-    def legacy(cfg):
-        cfg = {k: v for k, v in cfg.items() if k not in ("layer_types", "rope_parameters")}
-        return dict(cfg, global_attn_every_n_layers=3, global_rope_theta=160000.0,
-                    local_rope_theta=10000.0)
-
     _rewrite(d, "config.json", legacy)
     texts = _texts()
-    np.testing.assert_array_equal(cyattn.encoder.load(d).encode(texts),
-                                  cyattn.encoder.load(folder).encode(texts))
-    _rewrite(d, "config.json", lambda c: dict(c, local_rope_theta=20000.0))
-    assert not np.array_equal(cyattn.encoder.load(d).encode(texts),
-                              cyattn.encoder.load(folder).encode(texts))
+    want = cyattn.encoder.load(folder).encode(texts)
+    np.testing.assert_array_equal(cyattn.encoder.load(d).encode(texts), want)
+    _rewrite(d, "config.json", lambda c: dict(c, **other))
+    assert not np.array_equal(cyattn.encoder.load(d).encode(texts), want)

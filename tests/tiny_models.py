@@ -27,6 +27,16 @@ def _fast(tok, **special):
     return PreTrainedTokenizerFast(tokenizer_object=tok, **special)
 
 
+def qwen3_tokenizer():
+    """The WordPiece vocabulary with a decoder's template: ``A [SEP]`` (the end-of-text token
+    last, as Qwen3-Embedding's tokenizer appends ``<|endoftext|>``), no token types."""
+    from tokenizers import processors
+    fast, n = bert_tokenizer(types=False)
+    fast.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A [SEP]", pair="$A [SEP] $B:1 [SEP]:1", special_tokens=[("[SEP]", 3)])
+    return fast, n
+
+
 def bert_tokenizer(types=True):
     """A BERT WordPiece tokenizer ([CLS] A [SEP] B [SEP], types 0 then 1) as transformers';
     ``types=False``: it returns no token_type_ids (ModernBERT's)."""
@@ -72,7 +82,8 @@ def save_model(folder, family, seed=0, head=None, **overrides):
     import torch
     import transformers as tf
     tok, vocab = {"bert": bert_tokenizer, "xlm-roberta": xlmr_tokenizer,
-                  "modernbert": lambda: bert_tokenizer(types=False)}[family]()
+                  "modernbert": lambda: bert_tokenizer(types=False),
+                  "qwen3": qwen3_tokenizer}[family]()
     kw = dict(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
               intermediate_size=64, max_position_embeddings=96)
     if family == "xlm-roberta":
@@ -82,6 +93,11 @@ def save_model(folder, family, seed=0, head=None, **overrides):
         kw.update(num_hidden_layers=4, intermediate_size=48, max_position_embeddings=128,
                   local_attention=8, pad_token_id=0, cls_token_id=2, sep_token_id=3,
                   bos_token_id=2, eos_token_id=3, norm_eps=1e-5)
+    if family == "qwen3":                  # GQA 4/2 heads of 16 (head_dim != hidden / heads)
+        kw = dict(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  max_position_embeddings=128, rms_norm_eps=1e-6, pad_token_id=0,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     if head is not None:
         kw.setdefault("num_labels", 1)
     kw.update(overrides)
@@ -90,7 +106,8 @@ def save_model(folder, family, seed=0, head=None, **overrides):
         "xlm-roberta": (tf.XLMRobertaConfig, tf.XLMRobertaModel,
                         tf.XLMRobertaForSequenceClassification),
         "modernbert": (tf.ModernBertConfig, tf.ModernBertModel,
-                       tf.ModernBertForSequenceClassification)}[family]
+                       tf.ModernBertForSequenceClassification),
+        "qwen3": (tf.Qwen3Config, tf.Qwen3Model, tf.Qwen3ForSequenceClassification)}[family]
     torch.manual_seed(seed)
     model = (classify if head else bare)(config(**kw)).eval()
     with torch.no_grad():                  # LayerNorms away from their (1, 0) start

@@ -41,6 +41,7 @@ _FAMILIES = {
     "xlm-roberta": ("._xlm_roberta", "XLMRobertaEncoder"),
     "roberta": ("._xlm_roberta", "XLMRobertaEncoder"),
     "modernbert": ("._modernbert", "ModernBertEncoder"),
+    "qwen3": ("._qwen3", "Qwen3Encoder"),
 }
 
 # pooling modes of sentence-transformers' Pooling config. 6.x: "pooling_mode" (a name or a
