@@ -231,3 +231,21 @@ def test_hub_config_format(st_model, tmp_path):
     np.testing.assert_array_equal(cyattn.encoder.load(d).encode(texts), want)
     _rewrite(d, "config.json", lambda c: dict(c, **other))
     assert not np.array_equal(cyattn.encoder.load(d).encode(texts), want)
+
+
+def test_bfloat16_weights(st_model, tmp_path):
+    """A model saved in bfloat16 loads (widened exactly to float32): the same bits as the
+    float32 folder holding the same rounded values, and sentence-transformers' result there."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    _, _, folder = st_model
+    tensors = load_file(str(folder / "model.safetensors"))
+    bf16, rounded = tmp_path / "bf16", tmp_path / "rounded"
+    for d, dtype in ((bf16, torch.bfloat16), (rounded, torch.float32)):
+        shutil.copytree(folder, d)
+        save_file({k: v.to(torch.bfloat16).to(dtype).contiguous() for k, v in tensors.items()},
+                  str(d / "model.safetensors"), metadata={"format": "pt"})
+    texts = _texts()
+    got = cyattn.encoder.load(bf16).encode(texts)
+    np.testing.assert_array_equal(got, cyattn.encoder.load(rounded).encode(texts))
+    check_close(got, st_mod.SentenceTransformer(str(rounded), device="cpu").encode(texts))
