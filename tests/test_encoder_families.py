@@ -35,12 +35,6 @@ CLASSES = {"bert": "BertEncoder", "xlm-roberta": "XLMRobertaEncoder",
            "modernbert": "ModernBertEncoder", "qwen3": "Qwen3Encoder"}
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
-
-
 def _texts():
     """Mixed lengths, repeated lengths, an empty text, and two longer than MAX_SEQ tokens."""
     out = tiny_models.texts(30, seed=1)
@@ -59,14 +53,12 @@ def check_close(got, want):
 def st_model(request, tmp_path_factory):
     """(family, sentence-transformers model, its folder) with mean pooling (Qwen3: last
     token), Normalize and a query prompt."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        root = tmp_path_factory.mktemp(request.param)
-        tiny_models.save_model(root / "hf", request.param, seed=3)
-        st = tiny_models.sentence_transformer(root / "hf", root / "st",
-                                              pooling=POOLING.get(request.param, "mean"),
-                                              prompts={"query": "query: ", "document": ""},
-                                              max_seq_length=MAX_SEQ)
+    root = tmp_path_factory.mktemp(request.param)
+    tiny_models.save_model(root / "hf", request.param, seed=3)
+    st = tiny_models.sentence_transformer(root / "hf", root / "st",
+                                          pooling=POOLING.get(request.param, "mean"),
+                                          prompts={"query": "query: ", "document": ""},
+                                          max_seq_length=MAX_SEQ)
     return request.param, st, root / "st"
 
 

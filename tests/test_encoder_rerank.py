@@ -20,12 +20,6 @@ import cyattn.encoder
 MAX_ABS_DIFF = 2e-6      # scores (sigmoid of logits of order 1) in float32
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
-
-
 def _pairs():
     """Queries with passages of mixed lengths, a pair longer than max_length, an empty one."""
     texts = tiny_models.texts(16, seed=5)

@@ -4,10 +4,16 @@ built there (no model hub): helpers of tests/test_encoder_families.py.
 Each builder writes a transformers model (``save_pretrained``) and a tokenizer made with the
 ``tokenizers`` library (a WordPiece vocabulary of letters and a few words for BERT, a Unigram
 one with SentencePiece's ``▁`` for XLM-RoBERTa), so any lowercase ASCII text tokenizes.
+
+Importing it sets ``HF_HUB_OFFLINE`` and ``TRANSFORMERS_OFFLINE``: everything is local.
 """
+import os
 import string
 
 import numpy as np
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 WORDS = ["the", "printer", "is", "offline", "refund", "please", "my", "app", "crashes",
          "login", "broken", "again", "query", "passage", "invoice", "server", "network",

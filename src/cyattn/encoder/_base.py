@@ -111,6 +111,21 @@ def positive_ints(d, cfg, keys):
                              f"got {cfg.get(key)!r}")
 
 
+def check_choice(d, cfg, key, default, allowed):
+    """ValueError unless config.json ``cfg[key]`` (``default`` when absent) is in ``allowed``."""
+    value = cfg.get(key, default)
+    if value not in allowed:
+        raise ValueError(f"model folder {d}: config.json {key} {value!r} is not implemented "
+                         f"({' or '.join(repr(a) for a in allowed)} only)")
+
+
+def check_heads(d, cfg):
+    """ValueError unless hidden_size is a multiple of num_attention_heads."""
+    if cfg["hidden_size"] % cfg["num_attention_heads"]:
+        raise ValueError(f"model folder {d}: hidden_size {cfg['hidden_size']} is not a multiple "
+                         f"of num_attention_heads {cfg['num_attention_heads']}")
+
+
 def _read_pooling(d, pool_path):
     """(pooling modes, include_prompt, embedding_dimension or None) of a Pooling config."""
     pool = _read_json(pool_path, "the pooling config")
@@ -206,7 +221,7 @@ def check_model_folder(model_dir):
     d = _folder(model_dir)
     cfg = _read_json(d / "config.json", "the transformer's configuration")
     family = family_of(d, cfg)
-    layout = read_layout(d, cfg, family._check_config(d, cfg))
+    layout = read_layout(d, cfg, family._checked_config(d, cfg))
     return cfg, layout["max_seq_length"], layout["pooling"], layout["normalize"]
 
 
@@ -363,6 +378,9 @@ class Encoder:
 
     # transformer tensors may carry one of these prefixes (a model saved from a task head)
     _WEIGHT_PREFIXES = ()
+    # config.json keys that must be positive ints (checked before _check_config)
+    _POSITIVE_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads",
+                      "num_hidden_layers", "max_position_embeddings")
 
     def __new__(cls, model_dir=None, *args, **kwargs):
         if cls is Encoder:
@@ -385,7 +403,7 @@ class Encoder:
         if family_of(d, cfg) is not type(self):
             raise ValueError(f"model folder {d}: config.json model_type "
                              f"{cfg.get('model_type')!r} is not run by {type(self).__name__}")
-        max_positions = self._check_config(d, cfg)
+        max_positions = self._checked_config(d, cfg)
         if _sentence_transformers:
             layout = read_layout(d, cfg, max_positions)
         else:                                  # a bare transformer (a cross-encoder's body)
@@ -425,6 +443,12 @@ class Encoder:
                         lay[name] = _PackedB(v)
         for arr in self._arrays():
             arr.flags.writeable = False        # shared by every thread: read-only
+
+    @classmethod
+    def _checked_config(cls, d, cfg):
+        """:meth:`_check_config` after the positive-int keys of ``_POSITIVE_KEYS``."""
+        positive_ints(d, cfg, cls._POSITIVE_KEYS)
+        return cls._check_config(d, cfg)
 
     # ------------------------------------------------------------------ a family's part
     @classmethod

@@ -61,7 +61,7 @@ from .. import _backend, _validate
 from ..matmul import _matmul_packed
 # the shared machinery, importable from here as before the families were split out
 from ._base import (Encoder, _Clock, _ThreadShares, _Workspace, check_columns,  # noqa: F401
-                    check_model_folder, default_model_dir, positive_ints)
+                    check_choice, check_heads, check_model_folder, default_model_dir)
 
 __all__ = ["BertEncoder", "Encoder", "check_model_folder", "default_model_dir", "gelu_"]
 
@@ -137,18 +137,9 @@ class BertEncoder(Encoder):
 
     @classmethod
     def _check_config(cls, d, cfg):
-        if cfg.get("hidden_act", "gelu") != "gelu":
-            raise ValueError(f"model folder {d}: hidden_act {cfg['hidden_act']!r} is not "
-                             f"implemented (exact-erf 'gelu' only)")
-        if cfg.get("position_embedding_type", "absolute") != "absolute":
-            raise ValueError(f"model folder {d}: position_embedding_type "
-                             f"{cfg['position_embedding_type']!r} is not implemented "
-                             f"('absolute' only)")
-        positive_ints(d, cfg, ("hidden_size", "intermediate_size", "num_attention_heads",
-                               "num_hidden_layers", "max_position_embeddings"))
-        if cfg["hidden_size"] % cfg["num_attention_heads"]:
-            raise ValueError(f"model folder {d}: hidden_size {cfg['hidden_size']} is not a "
-                             f"multiple of num_attention_heads {cfg['num_attention_heads']}")
+        check_choice(d, cfg, "hidden_act", "gelu", ("gelu",))        # exact erf
+        check_choice(d, cfg, "position_embedding_type", "absolute", ("absolute",))
+        check_heads(d, cfg)
         max_len = cfg["max_position_embeddings"] - cls._position_offset(cfg)
         if max_len < 1:
             raise ValueError(f"model folder {d}: max_position_embeddings "

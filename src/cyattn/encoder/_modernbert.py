@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _backend
-from ._base import Encoder, positive_ints
+from ._base import Encoder, check_choice, check_heads
 from ._bert import _GELU_P
 from ._layers import Rotary, linear, padded_attention
 
@@ -53,23 +53,16 @@ class ModernBertEncoder(Encoder):
     layers. See :class:`cyattn.encoder.Encoder` for the parameters."""
 
     _WEIGHT_PREFIXES = ("model.",)
+    _POSITIVE_KEYS = Encoder._POSITIVE_KEYS + ("local_attention",)
 
     @classmethod
     def _check_config(cls, d, cfg):
-        positive_ints(d, cfg, ("hidden_size", "intermediate_size", "num_attention_heads",
-                               "num_hidden_layers", "max_position_embeddings",
-                               "local_attention"))
-        if cfg.get("hidden_activation", "gelu") != "gelu":
-            raise ValueError(f"model folder {d}: hidden_activation "
-                             f"{cfg['hidden_activation']!r} is not implemented (exact-erf "
-                             f"'gelu' only)")
+        check_choice(d, cfg, "hidden_activation", "gelu", ("gelu",))   # exact erf
         for key in ("attention_bias", "mlp_bias"):
             if cfg.get(key):
                 raise ValueError(f"model folder {d}: config.json {key} true is not "
                                  f"implemented (ModernBERT's layers have no biases)")
-        if cfg["hidden_size"] % cfg["num_attention_heads"]:
-            raise ValueError(f"model folder {d}: hidden_size {cfg['hidden_size']} is not a "
-                             f"multiple of num_attention_heads {cfg['num_attention_heads']}")
+        check_heads(d, cfg)
         _layer_kinds(d, cfg)
         for kind in ("full_attention", "sliding_attention"):
             _rope_theta(d, cfg, kind)

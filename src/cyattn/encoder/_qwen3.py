@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._base import Encoder, positive_ints
+from ._base import Encoder, check_choice
 from ._layers import Rotary, linear, padded_attention, rms_norm
 
 __all__ = ["Qwen3Encoder"]
@@ -35,15 +35,11 @@ class Qwen3Encoder(Encoder):
     :class:`cyattn.encoder.Encoder` for the parameters."""
 
     _WEIGHT_PREFIXES = ("model.",)
+    _POSITIVE_KEYS = Encoder._POSITIVE_KEYS + ("num_key_value_heads",)
 
     @classmethod
     def _check_config(cls, d, cfg):
-        positive_ints(d, cfg, ("hidden_size", "intermediate_size", "num_attention_heads",
-                               "num_key_value_heads", "num_hidden_layers",
-                               "max_position_embeddings"))
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"model folder {d}: hidden_act {cfg['hidden_act']!r} is not "
-                             f"implemented ('silu' only)")
+        check_choice(d, cfg, "hidden_act", "silu", ("silu",))
         if cfg.get("attention_bias"):
             raise ValueError(f"model folder {d}: config.json attention_bias true is not "
                              f"implemented")
