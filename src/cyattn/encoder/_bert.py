@@ -60,7 +60,7 @@ import cyattn
 from .. import _backend, _validate
 from ..matmul import _matmul_packed
 # the shared machinery, importable from here as before the families were split out
-from ._base import (Encoder, _Clock, _ThreadShares, _Workspace, check_columns,  # noqa: F401
+from ._base import (Encoder, _ThreadShares, _Workspace, check_columns,  # noqa: F401
                     check_choice, check_heads, check_model_folder, default_model_dir)
 
 __all__ = ["BertEncoder", "Encoder", "check_model_folder", "default_model_dir", "gelu_"]
