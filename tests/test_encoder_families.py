@@ -240,3 +240,14 @@ def test_bfloat16_weights(st_model, tmp_path):
     got = cyattn.encoder.load(bf16).encode(texts)
     np.testing.assert_array_equal(got, cyattn.encoder.load(rounded).encode(texts))
     check_close(got, st_mod.SentenceTransformer(str(rounded), device="cpu").encode(texts))
+
+
+def test_a_text_without_tokens_is_refused(st_model, tmp_path):
+    """A tokenizer without a post-processor adds no special tokens: "" has no token to pool."""
+    d = tmp_path / "m"
+    shutil.copytree(st_model[2], d)
+    _rewrite(d, "tokenizer.json", lambda c: dict(c, post_processor=None))
+    enc = cyattn.encoder.load(d)
+    assert enc.encode(["ok"]).shape == (1, 32)
+    with pytest.raises(ValueError, match=r"input 1 \(''\) has no tokens"):
+        enc.encode(["ok", ""])

@@ -638,8 +638,9 @@ class Encoder:
             item and its type, e.g. None), ``batch_size``/``n_threads`` is not an int, or
             ``prompt`` is not a str.
         ValueError
-            If ``batch_size < 1`` or ``n_threads < 1``, or ``prompt_name`` is not one of the
-            model's prompts.
+            If ``batch_size < 1`` or ``n_threads < 1``, ``prompt_name`` is not one of the
+            model's prompts, or a text has no tokens (an empty text, with a tokenizer that adds
+            no special tokens).
 
         Notes
         -----
@@ -685,6 +686,10 @@ class Encoder:
         clock = _Clock(timings)
         enc = self.tokenizer.encode_batch(inputs)
         ids = [e.ids for e in enc]
+        empty = next((i for i, t in enumerate(ids) if not t), None)
+        if empty is not None:
+            raise ValueError(f"input {empty} ({inputs[empty]!r}) has no tokens: the model's "
+                             f"tokenizer adds no special tokens, so it has nothing to embed")
         types = [e.type_ids for e in enc] if isinstance(inputs[0], tuple) else None
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
         batches = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
