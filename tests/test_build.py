@@ -162,13 +162,13 @@ def test_forcing_an_unknown_variant_is_an_import_error(tmp_path, name):
     proc = _run("import cyattn", tmp_path, backend=name)
     assert proc.returncode != 0
     message = (f"ImportError: cyattn: unknown kernel variant {name.lower()!r}; "
-               "expected one of 'baseline', 'avx2', 'avx512', 'avx512bf16'")
+               "expected one of 'baseline', 'avx2', 'avx512', 'avx512bf16', 'amx'")
     assert message in proc.stderr, proc.stderr
 
 
 def test_load_variant_unknown_name():
     with pytest.raises(ImportError, match=r"unknown kernel variant 'sse9'; expected one of "
-                                          r"'baseline', 'avx2', 'avx512', 'avx512bf16'"):
+                                          r"'baseline', 'avx2', 'avx512', 'avx512bf16', 'amx'"):
         _backend.load_variant("sse9")
 
 

@@ -21,12 +21,16 @@ _STORAGE = {1: _UINT16, 2: _UINT16, _kv8.KV8_I8: np.dtype(np.uint8),
 
 def default_bf16_path():
     """One line for ``python -m cyattn info``: which path bfloat16 attention takes by default
-    with the loaded kernels."""
-    if getattr(_backend.kernels, "BF16_DOT", False):
-        return ("fast (vdpbf16ps, P rounded to bf16) for prefill (L > 16) by default, decode "
-                "exact; precision='exact': float32 FMAs")
-    return ("exact (float32 FMAs) by default; precision='fast': portable emulation of "
-            "vdpbf16ps for prefill (no AVX512-BF16 in this CPU or kernel variant)")
+    with the loaded kernels, and why (_backend.bf16_path's reason)."""
+    path, why = _backend.default_bf16_path()
+    if _backend.bf16_fast_by_default(_backend.kernels, tiles=False):
+        return (f"fast (vdpbf16ps, P rounded to bf16) for prefill (L > 16) by default, decode "
+                f"exact [{why}]; precision='exact': float32 FMAs")
+    if path == "amx":
+        why = "no tile attention yet; vdpbf16ps is slower than widening on Intel"
+    fast = ("vdpbf16ps" if getattr(_backend.kernels, "BF16_DOT", False)
+            else "portable emulation of vdpbf16ps")
+    return f"exact (float32 FMAs) by default [{why}]; precision='fast': {fast} for prefill"
 
 
 def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment, return_lse,
@@ -61,7 +65,7 @@ def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
         return None
     if query.dtype.itemsize == 2:
         if precision is None:
-            precision = _resolve_precision(None, _FNAME)
+            precision = _resolve_precision(None, _FNAME, tiles=False)
         return _fast_half_call(query, key, value, attn_mask, is_causal, scale, bottom_right,
                                return_lse, enable_gqa, out, n_threads, precision, emulate)
     res = _backend.kernels.attention_fast(query, key, value, attn_mask, out, scale, is_causal,
@@ -389,7 +393,7 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
     """scaled_dot_product_attention; ``emulate`` runs the bf16 fast path's emulation even
     where the kernels have the instruction (for the tests that compare the two bit for
     bit); ``fast_tried``: the caller has tried the low-overhead path."""
-    precision = _resolve_precision(precision, _FNAME)
+    precision = _resolve_precision(precision, _FNAME, tiles=False)
     if (not fast_tried and window is None and softcap is None and sinks is None
             and alibi_slopes is None and key_lengths is None and query_lengths is None
             and key_scale is None and value_scale is None):

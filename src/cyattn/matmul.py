@@ -16,13 +16,15 @@ _ndarray = np.ndarray
 PRECISIONS = ("exact", "fast")
 
 
-def _resolve_precision(precision, fname=_FNAME):
+def _resolve_precision(precision, fname=_FNAME, tiles=True):
     """``precision`` checked: "exact" or "fast"; None picks "fast" where the loaded kernels
-    multiply bfloat16 on the CPU's bf16 dot products (the avx512bf16 variant), else "exact"
-    (the emulation of the fast path is slower than the exact path). ``fname`` names the
-    public function in the ValueError (matmul_accumulate, scaled_dot_product_attention)."""
+    multiply bfloat16 on AMX tiles (the opt-in amx variant; ``tiles``: this operation has a
+    tile kernel), or on vdpbf16ps where the CPU runs it faster than widening (AMD Zen 4 and
+    later, not Intel: _backend.bf16_path), else "exact" (the emulation of the fast path is
+    slower than the exact path). ``fname`` names the public function in the ValueError
+    (matmul_accumulate, scaled_dot_product_attention)."""
     if precision is None:
-        return "fast" if getattr(_backend.kernels, "BF16_DOT", False) else "exact"
+        return "fast" if _backend.bf16_fast_by_default(_backend.kernels, tiles) else "exact"
     if not (isinstance(precision, str) and precision in PRECISIONS):
         raise ValueError(f"{fname}: precision must be None, 'exact' or 'fast', got "
                          f"{precision!r}")
@@ -31,11 +33,17 @@ def _resolve_precision(precision, fname=_FNAME):
 
 def default_bf16_path():
     """One line for ``python -m cyattn info``: which path a bfloat16 ``matmul_accumulate``
-    takes by default with the loaded kernels, and what ``precision="fast"`` runs."""
-    if getattr(_backend.kernels, "BF16_DOT", False):
-        return "fast (vdpbf16ps, AVX512-BF16) by default; precision='exact': float32 FMAs"
-    return ("exact (float32 FMAs) by default; precision='fast': portable emulation of "
-            "vdpbf16ps (no AVX512-BF16 in this CPU or kernel variant)")
+    takes by default with the loaded kernels, why (_backend.bf16_path's reason), and what
+    ``precision="fast"`` runs."""
+    path, why = _backend.default_bf16_path()
+    if path == "amx":
+        return f"fast on AMX tiles (tdpbf16ps) by default [{why}]; precision='exact': float32 FMAs"
+    if path == "fast":
+        return (f"fast (vdpbf16ps, AVX512-BF16) by default [{why}]; precision='exact': "
+                f"float32 FMAs")
+    fast = ("vdpbf16ps" if getattr(_backend.kernels, "BF16_DOT", False)
+            else "portable emulation of vdpbf16ps")
+    return f"exact (float32 FMAs) by default [{why}]; precision='fast': {fast}"
 
 
 def _fast_call(a, b, out, alpha, n_threads):

@@ -45,6 +45,8 @@ cdef extern from "_cyattn_support.h" nogil:
                              Py_ssize_t pbs, float* c, Py_ssize_t rsc, float alpha, int overwrite)
     int cyattn_any_nonfinite_f32(const float* v, Py_ssize_t n)
     int cyattn_cpu_features()
+    void cyattn_cpu_identity(char* vendor, int* family, int* model)
+    int cyattn_amx_request_perm()
     int cyattn_openmp_enabled()
     int cyattn_omp_max_threads()
     int cyattn_omp_num_procs()
