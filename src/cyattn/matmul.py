@@ -146,7 +146,12 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, precision=None, n_threads=None):
 
 def _matmul(a, b, out, alpha, precision, n_threads, emulate=False):
     """matmul_accumulate; ``emulate`` runs the fast bf16 path's emulation even where the
-    kernels have the instruction (for the tests that compare the two bit for bit)."""
+    kernels have the instruction (for the tests that compare the two bit for bit):
+    True for vdpbf16ps's, ``"amx"`` for the AMX tiles' model (the tile path on every host:
+    the amx variant's bits). Without it, the fast path runs on tiles in the amx variant and
+    on vdpbf16ps (or its emulation) elsewhere."""
+    if emulate not in (False, True, "amx"):
+        raise ValueError(f"{_FNAME}: emulate must be False, True or 'amx', got {emulate!r}")
     precision = _resolve_precision(precision)
     if _fast_call(a, b, out, alpha, n_threads):
         return out
@@ -198,9 +203,13 @@ def _matmul(a, b, out, alpha, precision, n_threads, emulate=False):
         for x, view, item in ops:
             args += [view, V.batch_offsets(x, batch), x.strides[-2] // item,
                      x.strides[-1] // item]
-        if fast:
+        if fast and (emulate == "amx"
+                     or (emulate is False and getattr(_backend.kernels, "AMX", False))):
+            _backend.kernels.matmul_accumulate_amx(*args, M, N, K, alpha, n_threads,
+                                                   c_fmt=c_fmt, emulate=emulate == "amx")
+        elif fast:
             _backend.kernels.matmul_accumulate_bf16(*args, M, N, K, alpha, n_threads,
-                                                    c_fmt=c_fmt, emulate=emulate)
+                                                    c_fmt=c_fmt, emulate=emulate is True)
         else:
             _backend.kernels.matmul_accumulate(*args, M, N, K, alpha, n_threads,
                                                a_fmt=a_fmt, b_fmt=b_fmt, c_fmt=c_fmt)

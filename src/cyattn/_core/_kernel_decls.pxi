@@ -64,6 +64,25 @@ cdef extern from "_cyattn_support.h" nogil:
         CYATTN_HAVE_TRANSPOSE
         CYATTN_HAVE_TILE12X8
     float cyattn_bf16_dot_step(float acc, uint32_t a, uint32_t b)
+    enum:
+        CYATTN_HAVE_AMX
+        AMX_KB "CYATTN_AMX_KB"
+        AMX_BLOCK "CYATTN_AMX_BLOCK"
+        AMX_CHUNK "CYATTN_AMX_CHUNK"
+    void cyattn_amx_pack_b(Py_ssize_t K, Py_ssize_t n_here, const uint16_t* b, Py_ssize_t rsb,
+                           Py_ssize_t csb, uint16_t* dst)
+    void cyattn_amx_tile_product_model(const uint16_t* a, const uint16_t* b, const uint32_t* c0,
+                                       uint32_t* out)
+    void cyattn_amx_tile_product_hw(const uint16_t* a, const uint16_t* b, const uint32_t* c0,
+                                    uint32_t* out)
+    void cyattn_amx_gemm_panel_model(Py_ssize_t M, Py_ssize_t K, const uint16_t* a,
+                                     Py_ssize_t rsa, Py_ssize_t csa, const uint16_t* pb,
+                                     uint16_t* abuf, void* c, Py_ssize_t rsc, Py_ssize_t csc,
+                                     Py_ssize_t n_here, float alpha, int c_fmt)
+    void cyattn_amx_gemm_panel_hw(Py_ssize_t M, Py_ssize_t K, const uint16_t* a,
+                                  Py_ssize_t rsa, Py_ssize_t csa, const uint16_t* pb,
+                                  uint16_t* abuf, void* c, Py_ssize_t rsc, Py_ssize_t csc,
+                                  Py_ssize_t n_here, float alpha, int c_fmt)
     float cyattn_bf16_dot_lane_hw(float acc, uint32_t a, uint32_t b)
     void cyattn_bf16_tile_emul(Py_ssize_t kp, const uint32_t* pa, const uint32_t* pb, float* c,
                                Py_ssize_t rsc, Py_ssize_t csc, Py_ssize_t m_here,

@@ -1,0 +1,72 @@
+/*
+ * The AMX tile operations on the hardware (AMX-TILE, AMX-BF16), and the tile loops of
+ * _cyattn_amx_loop.h compiled twice: over the portable model (_cyattn_amx_model.h; functions
+ * suffixed _model, in every variant) and over the instructions (suffixed _hw, only where the
+ * compiler targets AMX: the amx variant, built with -mamx-tile -mamx-bf16; elsewhere, and
+ * with compilers that lack the flags or the intrinsics, CYATTN_HAVE_AMX is 0 and the _hw
+ * functions are the model's).
+ *
+ * A program must be granted the tile data state by Linux before its first tile instruction
+ * (cyattn_amx_request_perm in _cyattn_cpu.h; cyattn._backend asks before it loads the amx
+ * variant); each worker loads the tile configuration when it starts its tile work and
+ * releases the tiles when it ends (an idle core that holds tile state costs the others
+ * turbo), in the loops themselves.
+ */
+#ifndef CYATTN_AMX_H
+#define CYATTN_AMX_H
+
+#include "_cyattn_amx_model.h"
+#include "_cyattn_half.h"
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__x86_64__) \
+    && !defined(_MSC_VER)
+#include <immintrin.h>
+#define CYATTN_HAVE_AMX 1
+#else
+#define CYATTN_HAVE_AMX 0
+#endif
+
+/* --- the loops over the model --- */
+#define CYATTN_AMX_FN(name) name##_model
+#define CYATTN_TL_DECLARE cyattn_amx_model tl_state_; cyattn_amx_model* tl_ = &tl_state_
+#define CYATTN_TL_CONFIG(cfg) cyattn_amxm_config(tl_, (cfg))
+#define CYATTN_TL_ZERO(t) cyattn_amxm_zero(tl_, (t))
+#define CYATTN_TL_LOAD(t, p, s) cyattn_amxm_load(tl_, (t), (p), (s))
+#define CYATTN_TL_STORE(t, p, s) cyattn_amxm_store(tl_, (t), (p), (s))
+#define CYATTN_TL_DP(c, a, b) cyattn_amxm_dpbf16ps(tl_, (c), (a), (b))
+#define CYATTN_TL_RELEASE() cyattn_amxm_release(tl_)
+#include "_cyattn_amx_loop.h"
+#undef CYATTN_AMX_FN
+#undef CYATTN_TL_DECLARE
+#undef CYATTN_TL_CONFIG
+#undef CYATTN_TL_ZERO
+#undef CYATTN_TL_LOAD
+#undef CYATTN_TL_STORE
+#undef CYATTN_TL_DP
+#undef CYATTN_TL_RELEASE
+
+/* --- the same loops over the instructions (tile numbers are immediates: macros) --- */
+#if CYATTN_HAVE_AMX
+#define CYATTN_AMX_FN(name) name##_hw
+#define CYATTN_TL_DECLARE (void)0
+#define CYATTN_TL_CONFIG(cfg) _tile_loadconfig((const void*)(cfg))
+#define CYATTN_TL_ZERO(t) _tile_zero(t)
+#define CYATTN_TL_LOAD(t, p, s) _tile_loadd(t, (const void*)(p), (s))
+#define CYATTN_TL_STORE(t, p, s) _tile_stored(t, (void*)(p), (s))
+#define CYATTN_TL_DP(c, a, b) _tile_dpbf16ps(c, a, b)
+#define CYATTN_TL_RELEASE() _tile_release()
+#include "_cyattn_amx_loop.h"
+#undef CYATTN_AMX_FN
+#undef CYATTN_TL_DECLARE
+#undef CYATTN_TL_CONFIG
+#undef CYATTN_TL_ZERO
+#undef CYATTN_TL_LOAD
+#undef CYATTN_TL_STORE
+#undef CYATTN_TL_DP
+#undef CYATTN_TL_RELEASE
+#else
+#define cyattn_amx_tile_product_hw cyattn_amx_tile_product_model
+#define cyattn_amx_gemm_panel_hw cyattn_amx_gemm_panel_model
+#endif
+
+#endif /* CYATTN_AMX_H */
