@@ -231,13 +231,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         products (AVX512-BF16 ``vdpbf16ps``; on a CPU or build without them, a portable
         emulation with the same semantics, slower than ``"exact"``), with the weights ``P``
         rounded to bfloat16 before ``P V`` (as PyTorch's CPU flash attention does): see
-        Notes for the contract and its error bound. None (default), as for
-        :func:`cyattn.matmul_accumulate`: ``"fast"`` where the loaded kernels have the
-        instruction (``python -m cyattn info``), else ``"exact"``. Why: where the instruction
-        exists the fast path runs bf16 prefill at 1.5-1.8x the float32 call's rate (Zen 5, 1
-        thread), and its error (the bf16 rounding of P, 2^-8 relative) is of the size of the
-        bf16 rounding of the result that either path makes; where it does not, the emulation
-        would only be slower.
+        Notes for the contract and its error bound. None (default): ``"fast"`` where the
+        loaded kernels have the instruction and the CPU runs it faster than widening (AMD
+        Zen 4 and later), else ``"exact"`` (Intel, where ``vdpbf16ps`` runs at half the
+        float32 FMA rate; CPUs without it; the opt-in ``amx`` variant, which has no tile
+        attention yet): a rule on CPUID's vendor, family and features, never a timing
+        (``python -m cyattn info`` prints the path and why). Why: on Zen 5 the fast path
+        runs bf16 prefill at 1.5-1.8x the float32 call's rate (1 thread), and its error (the
+        bf16 rounding of P, 2^-8 relative) is of the size of the bf16 rounding of the result
+        that either path makes; on Intel or through the emulation it would only be slower.
         With at most 16 query rows (decode, memory-bound), E = 0, Ev = 0 or S = 0, and for a
         call whose fast result has a non-finite row (inf/NaN inputs, overflow), the exact path
         runs instead.

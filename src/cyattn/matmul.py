@@ -79,13 +79,16 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, precision=None, n_threads=None):
         ``"exact"``: as the float32 call on the same values, rounded once into ``out``.
         ``"fast"``: on the CPU's bf16 dot products (AVX512-BF16 ``vdpbf16ps``; on a CPU or
         build without them, a portable emulation with the same bits, slower than
-        ``"exact"``): products exact, float32 sums, subnormals flushed (see Notes). None
-        (default): ``"fast"`` where the loaded kernels have the instruction
-        (``python -m cyattn info`` says which), else ``"exact"``. Why: away from subnormals
-        both give the same float32 sums on a CPU with FMA (each step is one rounding of
-        ``sum + a_k b_k``, k in order), so the default costs no accuracy, and ``"fast"``
-        runs at the instruction's rate (about 2x the float32 rate) where it exists and
-        would only be slower where it does not.
+        ``"exact"``), or on AMX tiles (``tdpbf16ps``) in the opt-in ``amx`` variant
+        (``CYATTN_BACKEND=amx``): products exact, float32 sums, subnormals flushed (see
+        Notes). None (default): a rule on CPUID's vendor, family and features, never a
+        timing (``python -m cyattn info`` prints the path and why): ``"fast"`` on AMD Zen 4
+        and later (``vdpbf16ps`` at about 2x the float32 FMA rate) and in the ``amx``
+        variant (tiles), ``"exact"`` on Intel (``vdpbf16ps`` at 0.5x the float32 FMA rate:
+        slower than widening) and wherever the instruction is missing. Away from subnormals
+        the ``vdpbf16ps`` path and ``"exact"`` give the same float32 sums on a CPU with FMA
+        (each step is one rounding of ``sum + a_k b_k``, k in order), so that default costs
+        no accuracy.
     n_threads : int, optional
         OpenMP threads: None for the default (see :func:`cyattn.show_config`), a positive
         count, or a negative value counting back from the maximum (-1 = all).
@@ -132,6 +135,14 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, precision=None, n_threads=None):
     + K)`` before a bfloat16 ``out``'s final rounding (2^-8 relative); the second term is
     what DAZ and FTZ may lose. NaN signs and payloads are not specified. Results are
     bit-identical for any thread count on a host.
+
+    On AMX tiles (the ``amx`` variant; its portable model, the same bits, on every host for
+    the tests) the order differs, as ``tdpbf16ps`` sums: per element and per chunk of 32 k
+    (K padded with zeros), two float32 partial sums from zero, of the even and of the odd
+    k's products, each in k order with one rounding per product (DAZ/FTZ as above), then
+    ``C = C + (even + odd)``; all of K is accumulated in the tile and added once as
+    ``fma(alpha, C, out)``. The same bound holds (each product passes through at most
+    K + 2 roundings).
 
     Examples
     --------
