@@ -47,11 +47,17 @@
 
 /* --- the same loops over the instructions (tile numbers are immediates: macros) --- */
 #if CYATTN_HAVE_AMX
+/* gcc's _tile_loadd and _tile_loadconfig are asm statements that do not tell the compiler
+   they read memory (the configuration's operand covers only its first 8 bytes): a compiler
+   barrier before each keeps the packing stores and the configuration's 64 bytes before them. */
+#define CYATTN_AMX_BARRIER() __asm__ __volatile__("" ::: "memory")
 #define CYATTN_AMX_FN(name) name##_hw
 #define CYATTN_TL_DECLARE (void)0
-#define CYATTN_TL_CONFIG(cfg) _tile_loadconfig((const void*)(cfg))
+#define CYATTN_TL_CONFIG(cfg) \
+    do { CYATTN_AMX_BARRIER(); _tile_loadconfig((const void*)(cfg)); } while (0)
 #define CYATTN_TL_ZERO(t) _tile_zero(t)
-#define CYATTN_TL_LOAD(t, p, s) _tile_loadd(t, (const void*)(p), (s))
+#define CYATTN_TL_LOAD(t, p, s) \
+    do { CYATTN_AMX_BARRIER(); _tile_loadd(t, (const void*)(p), (s)); } while (0)
 #define CYATTN_TL_STORE(t, p, s) _tile_stored(t, (void*)(p), (s))
 #define CYATTN_TL_DP(c, a, b) _tile_dpbf16ps(c, a, b)
 #define CYATTN_TL_RELEASE() _tile_release()
@@ -64,6 +70,7 @@
 #undef CYATTN_TL_STORE
 #undef CYATTN_TL_DP
 #undef CYATTN_TL_RELEASE
+#undef CYATTN_AMX_BARRIER
 #else
 #define cyattn_amx_tile_product_hw cyattn_amx_tile_product_model
 #define cyattn_amx_gemm_panel_hw cyattn_amx_gemm_panel_model
