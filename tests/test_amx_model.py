@@ -18,14 +18,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import bf16_gemm_bound
 
 from cyattn import _backend
 from cyattn import matmul as M
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
-U = 2.0 ** -24
-TINY = 2.0 ** -126
 GOLDEN = Path(__file__).parent / "data" / "amx_bf16_golden.bin"
 IN_RANGE_KINDS = (0, 1, 2, 3, 4)
 
@@ -124,13 +123,7 @@ def test_model_semantics_single_cases():
 
 # --- bf16 matmul_accumulate on tiles ---------------------------------------------------------
 
-def _bound(a, b, out0, alpha):
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    K = a.shape[-1]
-    mag = abs(alpha) * (np.abs(a64) @ np.abs(b64)) + np.abs(out0.astype(np.float64))
-    flush = abs(alpha) * TINY * (np.abs(a64).sum(-1)[..., :, None]
-                                 + np.abs(b64).sum(-2)[..., None, :] + K)
-    return (K + 2) * U * mag + flush
+_bound = bf16_gemm_bound
 
 
 def _tiles(a, b, out, alpha=1.0, n_threads=1, kernels=None, emulate=True):

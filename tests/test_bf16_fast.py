@@ -11,6 +11,7 @@
 """
 import numpy as np
 import pytest
+from conftest import bf16_gemm_bound
 
 import cyattn
 from cyattn import _backend
@@ -18,8 +19,6 @@ from cyattn import matmul as M
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
-U = 2.0 ** -24         # float32 unit roundoff
-TINY = 2.0 ** -126     # smallest normal float32
 HW = getattr(_backend.kernels, "BF16_DOT", False)
 needs_hw = pytest.mark.skipif(not HW, reason="the loaded kernels have no AVX512-BF16 "
                               "(vdpbf16ps): nothing to compare the emulation with")
@@ -140,13 +139,7 @@ def _gemm_f32(a, b, out, alpha=1.0, emulate=False, n_threads=1):
     return out
 
 
-def _bound(a, b, out0, alpha):
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    K = a.shape[-1]
-    mag = abs(alpha) * (np.abs(a64) @ np.abs(b64)) + np.abs(out0.astype(np.float64))
-    flush = abs(alpha) * TINY * (np.abs(a64).sum(-1)[..., :, None]
-                                 + np.abs(b64).sum(-2)[..., None, :] + K)
-    return (K + 2) * U * mag + flush
+_bound = bf16_gemm_bound
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1), (7, 9, 15), (33, 65, 17), (64, 31, 513),

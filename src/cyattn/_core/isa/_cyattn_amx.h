@@ -26,6 +26,9 @@
 #define CYATTN_HAVE_AMX 0
 #endif
 
+/* Each copy of the loops: CYATTN_AMX_FN and the CYATTN_TL_* operations are defined, the loop
+   file included, and the loop file's end undefines them all (see the end of _cyattn_amx_loop.h). */
+
 /* --- the loops over the model --- */
 #define CYATTN_AMX_FN(name) name##_model
 #define CYATTN_TL_DECLARE cyattn_amx_model tl_state_; cyattn_amx_model* tl_ = &tl_state_
@@ -36,14 +39,6 @@
 #define CYATTN_TL_DP(c, a, b) cyattn_amxm_dpbf16ps(tl_, (c), (a), (b))
 #define CYATTN_TL_RELEASE() cyattn_amxm_release(tl_)
 #include "_cyattn_amx_loop.h"
-#undef CYATTN_AMX_FN
-#undef CYATTN_TL_DECLARE
-#undef CYATTN_TL_CONFIG
-#undef CYATTN_TL_ZERO
-#undef CYATTN_TL_LOAD
-#undef CYATTN_TL_STORE
-#undef CYATTN_TL_DP
-#undef CYATTN_TL_RELEASE
 
 /* --- the same loops over the instructions (tile numbers are immediates: macros) --- */
 #if CYATTN_HAVE_AMX
@@ -62,15 +57,6 @@
 #define CYATTN_TL_DP(c, a, b) _tile_dpbf16ps(c, a, b)
 #define CYATTN_TL_RELEASE() _tile_release()
 #include "_cyattn_amx_loop.h"
-#undef CYATTN_AMX_FN
-#undef CYATTN_TL_DECLARE
-#undef CYATTN_TL_CONFIG
-#undef CYATTN_TL_ZERO
-#undef CYATTN_TL_LOAD
-#undef CYATTN_TL_STORE
-#undef CYATTN_TL_DP
-#undef CYATTN_TL_RELEASE
-#undef CYATTN_AMX_BARRIER
 #else
 #define cyattn_amx_tile_product_hw cyattn_amx_tile_product_model
 #define cyattn_amx_gemm_panel_hw cyattn_amx_gemm_panel_model

@@ -3,7 +3,8 @@
  * _LOAD, _STORE, _DP (TDPBF16PS) and _RELEASE, which _cyattn_amx.h defines twice before
  * including this file: over the portable model and over the instructions; CYATTN_AMX_FN names
  * each copy (_model, _hw). No include guard on purpose; the packing helpers, which use no
- * tile operation, are defined once (CYATTN_AMX_LOOP_SHARED).
+ * tile operation, are defined once (CYATTN_AMX_LOOP_SHARED); the end of the file undefines
+ * the operations, so that the next copy defines its own.
  *
  * Tiles (palette 1, every tile 16 rows x 64 bytes): A tiles 0-1 (rows 0-15 and 16-31 of a
  * 32-row block, 32 k each), B tiles 2-3 (columns 0-15 and 16-31, 16 k pairs each), C tiles
@@ -152,3 +153,13 @@ static void CYATTN_AMX_FN(cyattn_amx_gemm_panel)(ptrdiff_t M, ptrdiff_t K, const
     }
     CYATTN_TL_RELEASE();
 }
+
+#undef CYATTN_AMX_FN
+#undef CYATTN_TL_DECLARE
+#undef CYATTN_TL_CONFIG
+#undef CYATTN_TL_ZERO
+#undef CYATTN_TL_LOAD
+#undef CYATTN_TL_STORE
+#undef CYATTN_TL_DP
+#undef CYATTN_TL_RELEASE
+#undef CYATTN_AMX_BARRIER
