@@ -86,7 +86,8 @@ def amx_status():
     why = _amx_refusal()
     if why:
         return f"unavailable: {why}"
-    return ("available, opt-in (CYATTN_BACKEND=amx): bf16 matmul_accumulate on tiles; "
+    return ("available, opt-in (CYATTN_BACKEND=amx): bf16 matmul_accumulate and prefill "
+            "attention on tiles; "
             "not the default until an AMX CPU has run its tests")
 
 
@@ -193,10 +194,10 @@ _DOT_IS_FAST = bf16_path(*_CPU_FACTS, True, False)[0] == "fast"
 def bf16_fast_by_default(kernels_module, tiles=True):
     """Whether ``precision=None`` means ``"fast"`` for bfloat16 with ``kernels_module``: the
     cheap form of :func:`default_bf16_path`, for every call. ``tiles``: the operation's fast
-    path runs on AMX tiles where the kernels have them (bf16 ``matmul_accumulate``); False
-    for one whose fast path is vdpbf16ps in every variant (attention, for now), which is
-    then the default only where :func:`bf16_path` says the CPU runs vdpbf16ps faster than
-    widening."""
+    path runs on AMX tiles where the kernels have them (bf16 ``matmul_accumulate`` and
+    prefill attention both do); False for an operation without a tile kernel, whose fast
+    path is then the default only where :func:`bf16_path` says the CPU runs vdpbf16ps faster
+    than widening."""
     if tiles and getattr(kernels_module, "AMX", False):
         return True
     return _DOT_IS_FAST and bool(getattr(kernels_module, "BF16_DOT", False))

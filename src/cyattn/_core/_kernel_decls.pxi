@@ -69,6 +69,26 @@ cdef extern from "_cyattn_support.h" nogil:
         AMX_KB "CYATTN_AMX_KB"
         AMX_BLOCK "CYATTN_AMX_BLOCK"
         AMX_CHUNK "CYATTN_AMX_CHUNK"
+        AMX_MODEL_BYTES "CYATTN_AMX_MODEL_BYTES"
+    void cyattn_amx_pack_rows(Py_ssize_t rows, Py_ssize_t cols, const uint16_t* src,
+                              Py_ssize_t rs, Py_ssize_t cs, Py_ssize_t rows_total, Py_ssize_t ld,
+                              uint16_t* dst)
+    void cyattn_amx_pack_pt(const uint32_t* p_pairs, Py_ssize_t kpn, Py_ssize_t nkc,
+                            uint32_t* dst)
+    void cyattn_amx_begin_model(void* ctx)
+    void cyattn_amx_begin_hw(void* ctx)
+    void cyattn_amx_end_model(void* ctx)
+    void cyattn_amx_end_hw(void* ctx)
+    void cyattn_amx_scores_model(void* ctx, const uint16_t* kbuf, Py_ssize_t ld_k, Py_ssize_t ne,
+                                 const uint16_t* qt, Py_ssize_t k0, Py_ssize_t nkc, float* tile)
+    void cyattn_amx_scores_hw(void* ctx, const uint16_t* kbuf, Py_ssize_t ld_k, Py_ssize_t ne,
+                              const uint16_t* qt, Py_ssize_t k0, Py_ssize_t nkc, float* tile)
+    void cyattn_amx_pv_model(void* ctx, const uint16_t* vt, Py_ssize_t ld_v, Py_ssize_t Ev,
+                             Py_ssize_t k0, Py_ssize_t nkc, const uint32_t* pt, float* ot,
+                             Py_ssize_t ld_o)
+    void cyattn_amx_pv_hw(void* ctx, const uint16_t* vt, Py_ssize_t ld_v, Py_ssize_t Ev,
+                          Py_ssize_t k0, Py_ssize_t nkc, const uint32_t* pt, float* ot,
+                          Py_ssize_t ld_o)
     void cyattn_amx_pack_b(Py_ssize_t K, Py_ssize_t n_here, const uint16_t* b, Py_ssize_t rsb,
                            Py_ssize_t csb, uint16_t* dst)
     void cyattn_amx_tile_product_model(const uint16_t* a, const uint16_t* b, const uint32_t* c0,

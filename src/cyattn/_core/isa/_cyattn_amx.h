@@ -32,6 +32,7 @@
 /* --- the loops over the model --- */
 #define CYATTN_AMX_FN(name) name##_model
 #define CYATTN_TL_DECLARE cyattn_amx_model tl_state_; cyattn_amx_model* tl_ = &tl_state_
+#define CYATTN_TL_USE(ctx) cyattn_amx_model* tl_ = (ctx)
 #define CYATTN_TL_CONFIG(cfg) cyattn_amxm_config(tl_, (cfg))
 #define CYATTN_TL_ZERO(t) cyattn_amxm_zero(tl_, (t))
 #define CYATTN_TL_LOAD(t, p, s) cyattn_amxm_load(tl_, (t), (p), (s))
@@ -48,6 +49,7 @@
 #define CYATTN_AMX_BARRIER() __asm__ __volatile__("" ::: "memory")
 #define CYATTN_AMX_FN(name) name##_hw
 #define CYATTN_TL_DECLARE (void)0
+#define CYATTN_TL_USE(ctx) (void)(ctx)
 #define CYATTN_TL_CONFIG(cfg) \
     do { CYATTN_AMX_BARRIER(); _tile_loadconfig((const void*)(cfg)); } while (0)
 #define CYATTN_TL_ZERO(t) _tile_zero(t)
@@ -60,6 +62,10 @@
 #else
 #define cyattn_amx_tile_product_hw cyattn_amx_tile_product_model
 #define cyattn_amx_gemm_panel_hw cyattn_amx_gemm_panel_model
+#define cyattn_amx_begin_hw cyattn_amx_begin_model
+#define cyattn_amx_end_hw cyattn_amx_end_model
+#define cyattn_amx_scores_hw cyattn_amx_scores_model
+#define cyattn_amx_pv_hw cyattn_amx_pv_model
 #endif
 
 #endif /* CYATTN_AMX_H */

@@ -90,6 +90,48 @@ static void cyattn_amx_store_block(const float* acc, ptrdiff_t m_here, ptrdiff_t
     }
 }
 
+/* dst[r * ld + x] = src[r * rs + x * cs] for r < rows, x < cols (bf16 bits), +0 elsewhere in
+   rows_total rows of ld elements: K blocks (rows = keys, along E) and V^T blocks (rows = value
+   columns, along keys) for the attention's tiles, which load them with a stride of ld. */
+static void cyattn_amx_pack_rows(ptrdiff_t rows, ptrdiff_t cols, const uint16_t* src,
+                                 ptrdiff_t rs, ptrdiff_t cs, ptrdiff_t rows_total, ptrdiff_t ld,
+                                 uint16_t* dst) {
+    ptrdiff_t r, x;
+    for (r = 0; r < rows_total; r++) {
+        uint16_t* d = dst + r * ld;
+        if (r < rows) {
+            const uint16_t* sr = src + r * rs;
+            if (cs == 1) {
+                memcpy(d, sr, (size_t)cols * 2);
+            } else {
+                for (x = 0; x < cols; x++) d[x] = sr[x * cs];
+            }
+            for (x = cols; x < ld; x++) d[x] = 0;
+        } else {
+            memset(d, 0, (size_t)ld * 2);
+        }
+    }
+}
+
+/* The weights P^T of a 32-lane panel (p_pairs[q * 32 + j]: keys 2q and 2q + 1 of lane j, key
+   2q in the HIGH half, as bf16_panel_softmax writes them for vdpbf16ps) into nkc chunks of
+   the two B tiles of TDPBF16PS (lanes 0-15, 16-31; row q of a chunk: the pairs of its 16
+   lanes, key 2q in the LOW half); pairs past kpn are +0. */
+static void cyattn_amx_pack_pt(const uint32_t* p_pairs, ptrdiff_t kpn, ptrdiff_t nkc,
+                               uint32_t* dst) {
+    ptrdiff_t c, h, qq, jj, q;
+    for (c = 0; c < nkc; c++)
+        for (h = 0; h < 2; h++)
+            for (qq = 0; qq < 16; qq++) {
+                uint32_t* d = dst + c * 512 + h * 256 + qq * 16;
+                q = 16 * c + qq;
+                for (jj = 0; jj < 16; jj++) {
+                    uint32_t w = q < kpn ? p_pairs[q * 32 + 16 * h + jj] : 0u;
+                    d[jj] = (w >> 16) | (w << 16);
+                }
+            }
+}
+
 #endif /* CYATTN_AMX_LOOP_SHARED */
 
 /* One TDPBF16PS on 16 x 64-byte tiles: out = c0 + a @ b (a, b: 16 x 32 bf16 in the tile
@@ -154,8 +196,94 @@ static void CYATTN_AMX_FN(cyattn_amx_gemm_panel)(ptrdiff_t M, ptrdiff_t K, const
     CYATTN_TL_RELEASE();
 }
 
+
+/* The tile state of a worker that runs several tile loops in a row (the attention): loaded
+   once when the worker starts its tile work and released when it ends; the model keeps it in
+   *ctx (ignored by the hardware). */
+static void CYATTN_AMX_FN(cyattn_amx_begin)(cyattn_amx_model* ctx) {
+    cyattn_amx_cfg cfg;
+    CYATTN_TL_USE(ctx);
+    cyattn_amx_cfg_uniform(&cfg, 16, 64);
+    CYATTN_TL_CONFIG(&cfg);
+}
+
+static void CYATTN_AMX_FN(cyattn_amx_end)(cyattn_amx_model* ctx) {
+    CYATTN_TL_USE(ctx);
+    CYATTN_TL_RELEASE();
+}
+
+/* Attention scores on tiles, S^T = K Q^T unscaled: keys k0 .. k0 + 32 nkc of a K block packed
+   by cyattn_amx_pack_rows (rows = keys, ld_k >= 32 ne elements, E zero-padded) against a
+   32-lane Q^T panel packed by cyattn_amx_pack_b (ne chunks of 32 along E); written to
+   tile[key * 32 + lane] for those keys. Inside cyattn_amx_begin / _end. */
+static void CYATTN_AMX_FN(cyattn_amx_scores)(cyattn_amx_model* ctx, const uint16_t* kbuf,
+                                             ptrdiff_t ld_k, ptrdiff_t ne, const uint16_t* qt,
+                                             ptrdiff_t k0, ptrdiff_t nkc, float* tile) {
+    ptrdiff_t c, e;
+    CYATTN_TL_USE(ctx);
+    for (c = 0; c < nkc; c++) {
+        const uint16_t* kr = kbuf + (k0 + CYATTN_AMX_BLOCK * c) * ld_k;
+        float* o = tile + (k0 + CYATTN_AMX_BLOCK * c) * CYATTN_AMX_BLOCK;
+        CYATTN_TL_ZERO(4);
+        CYATTN_TL_ZERO(5);
+        CYATTN_TL_ZERO(6);
+        CYATTN_TL_ZERO(7);
+        for (e = 0; e < ne; e++) {
+            CYATTN_TL_LOAD(0, kr + e * CYATTN_AMX_KB, ld_k * 2);
+            CYATTN_TL_LOAD(1, kr + 16 * ld_k + e * CYATTN_AMX_KB, ld_k * 2);
+            CYATTN_TL_LOAD(2, qt + e * CYATTN_AMX_CHUNK, 64);
+            CYATTN_TL_LOAD(3, qt + e * CYATTN_AMX_CHUNK + 512, 64);
+            CYATTN_TL_DP(4, 0, 2);
+            CYATTN_TL_DP(5, 0, 3);
+            CYATTN_TL_DP(6, 1, 2);
+            CYATTN_TL_DP(7, 1, 3);
+        }
+        CYATTN_TL_STORE(4, o, 128);
+        CYATTN_TL_STORE(5, o + 16, 128);
+        CYATTN_TL_STORE(6, o + 512, 128);
+        CYATTN_TL_STORE(7, o + 528, 128);
+    }
+}
+
+/* O^T += V^T P^T on tiles for the 32 lanes of a panel: ot (row e: value column e, ld_o floats
+   per row, rows up to Ev rounded up to 32 allocated) is loaded into the C tiles, the keys
+   k0 .. k0 + 32 nkc of V^T (packed by cyattn_amx_pack_rows: rows = value columns, ld_v
+   elements, zero past the block) times the weights (cyattn_amx_pack_pt) added, 32 keys per
+   tile product, and stored back. Inside cyattn_amx_begin / _end. */
+static void CYATTN_AMX_FN(cyattn_amx_pv)(cyattn_amx_model* ctx, const uint16_t* vt,
+                                         ptrdiff_t ld_v, ptrdiff_t Ev, ptrdiff_t k0,
+                                         ptrdiff_t nkc, const uint32_t* pt, float* ot,
+                                         ptrdiff_t ld_o) {
+    ptrdiff_t e0, c;
+    CYATTN_TL_USE(ctx);
+    for (e0 = 0; e0 < Ev; e0 += CYATTN_AMX_BLOCK) {
+        float* o0 = ot + e0 * ld_o;
+        float* o1 = ot + (e0 + 16) * ld_o;
+        const uint16_t* v0 = vt + e0 * ld_v + k0;
+        CYATTN_TL_LOAD(4, o0, ld_o * 4);
+        CYATTN_TL_LOAD(5, o0 + 16, ld_o * 4);
+        CYATTN_TL_LOAD(6, o1, ld_o * 4);
+        CYATTN_TL_LOAD(7, o1 + 16, ld_o * 4);
+        for (c = 0; c < nkc; c++) {
+            CYATTN_TL_LOAD(0, v0 + CYATTN_AMX_BLOCK * c, ld_v * 2);
+            CYATTN_TL_LOAD(1, v0 + 16 * ld_v + CYATTN_AMX_BLOCK * c, ld_v * 2);
+            CYATTN_TL_LOAD(2, pt + c * 512, 64);
+            CYATTN_TL_LOAD(3, pt + c * 512 + 256, 64);
+            CYATTN_TL_DP(4, 0, 2);
+            CYATTN_TL_DP(5, 0, 3);
+            CYATTN_TL_DP(6, 1, 2);
+            CYATTN_TL_DP(7, 1, 3);
+        }
+        CYATTN_TL_STORE(4, o0, ld_o * 4);
+        CYATTN_TL_STORE(5, o0 + 16, ld_o * 4);
+        CYATTN_TL_STORE(6, o1, ld_o * 4);
+        CYATTN_TL_STORE(7, o1 + 16, ld_o * 4);
+    }
+}
+
 #undef CYATTN_AMX_FN
 #undef CYATTN_TL_DECLARE
+#undef CYATTN_TL_USE
 #undef CYATTN_TL_CONFIG
 #undef CYATTN_TL_ZERO
 #undef CYATTN_TL_LOAD

@@ -61,6 +61,9 @@ typedef struct {
     int colsb[CYATTN_AMX_TILES];
 } cyattn_amx_model;
 
+/* Bytes of the model's state, for callers that allocate it (the attention's workers). */
+#define CYATTN_AMX_MODEL_BYTES ((int)sizeof(cyattn_amx_model))
+
 /* A configuration with every tile of rows x colsb (16 x 64: what cyattn's loops use). */
 static inline void cyattn_amx_cfg_uniform(cyattn_amx_cfg* cfg, int rows, int colsb) {
     int i;
