@@ -132,6 +132,20 @@ static void cyattn_amx_pack_pt(const uint32_t* p_pairs, ptrdiff_t kpn, ptrdiff_t
             }
 }
 
+/* One k step of the 2 x 2 block of C tiles (4-7): A tiles 0-1 from a0 and a1 (row stride sa
+   bytes), B tiles 2-3 from b0 and b1 (64-byte rows), four tile products. Built from the
+   CYATTN_TL_* operations of whichever copy of the loops expands it. */
+#define CYATTN_AMX_STEP_2X2(a0, a1, sa, b0, b1) do { \
+        CYATTN_TL_LOAD(0, (a0), (sa)); \
+        CYATTN_TL_LOAD(1, (a1), (sa)); \
+        CYATTN_TL_LOAD(2, (b0), 64); \
+        CYATTN_TL_LOAD(3, (b1), 64); \
+        CYATTN_TL_DP(4, 0, 2); \
+        CYATTN_TL_DP(5, 0, 3); \
+        CYATTN_TL_DP(6, 1, 2); \
+        CYATTN_TL_DP(7, 1, 3); \
+    } while (0)
+
 #endif /* CYATTN_AMX_LOOP_SHARED */
 
 /* One TDPBF16PS on 16 x 64-byte tiles: out = c0 + a @ b (a, b: 16 x 32 bf16 in the tile
@@ -177,14 +191,7 @@ static void CYATTN_AMX_FN(cyattn_amx_gemm_panel)(ptrdiff_t M, ptrdiff_t K, const
         for (kk = 0; kk < nk; kk++) {
             const uint16_t* ak = abuf + kk * CYATTN_AMX_CHUNK;
             const uint16_t* bk = pb + kk * CYATTN_AMX_CHUNK;
-            CYATTN_TL_LOAD(0, ak, 64);
-            CYATTN_TL_LOAD(1, ak + 512, 64);
-            CYATTN_TL_LOAD(2, bk, 64);
-            CYATTN_TL_LOAD(3, bk + 512, 64);
-            CYATTN_TL_DP(4, 0, 2);
-            CYATTN_TL_DP(5, 0, 3);
-            CYATTN_TL_DP(6, 1, 2);
-            CYATTN_TL_DP(7, 1, 3);
+            CYATTN_AMX_STEP_2X2(ak, ak + 512, 64, bk, bk + 512);
         }
         CYATTN_TL_STORE(4, acc, 128);
         CYATTN_TL_STORE(5, acc + 16, 128);
@@ -229,14 +236,7 @@ static void CYATTN_AMX_FN(cyattn_amx_scores)(cyattn_amx_model* ctx, const uint16
         CYATTN_TL_ZERO(6);
         CYATTN_TL_ZERO(7);
         for (e = 0; e < ne; e++) {
-            CYATTN_TL_LOAD(0, kr + e * CYATTN_AMX_KB, ld_k * 2);
-            CYATTN_TL_LOAD(1, kr + 16 * ld_k + e * CYATTN_AMX_KB, ld_k * 2);
-            CYATTN_TL_LOAD(2, qt + e * CYATTN_AMX_CHUNK, 64);
-            CYATTN_TL_LOAD(3, qt + e * CYATTN_AMX_CHUNK + 512, 64);
-            CYATTN_TL_DP(4, 0, 2);
-            CYATTN_TL_DP(5, 0, 3);
-            CYATTN_TL_DP(6, 1, 2);
-            CYATTN_TL_DP(7, 1, 3);
+            CYATTN_AMX_STEP_2X2(kr + e * CYATTN_AMX_KB, kr + 16 * ld_k + e * CYATTN_AMX_KB, ld_k * 2, qt + e * CYATTN_AMX_CHUNK, qt + e * CYATTN_AMX_CHUNK + 512);
         }
         CYATTN_TL_STORE(4, o, 128);
         CYATTN_TL_STORE(5, o + 16, 128);
@@ -265,14 +265,7 @@ static void CYATTN_AMX_FN(cyattn_amx_pv)(cyattn_amx_model* ctx, const uint16_t* 
         CYATTN_TL_LOAD(6, o1, ld_o * 4);
         CYATTN_TL_LOAD(7, o1 + 16, ld_o * 4);
         for (c = 0; c < nkc; c++) {
-            CYATTN_TL_LOAD(0, v0 + CYATTN_AMX_BLOCK * c, ld_v * 2);
-            CYATTN_TL_LOAD(1, v0 + 16 * ld_v + CYATTN_AMX_BLOCK * c, ld_v * 2);
-            CYATTN_TL_LOAD(2, pt + c * 512, 64);
-            CYATTN_TL_LOAD(3, pt + c * 512 + 256, 64);
-            CYATTN_TL_DP(4, 0, 2);
-            CYATTN_TL_DP(5, 0, 3);
-            CYATTN_TL_DP(6, 1, 2);
-            CYATTN_TL_DP(7, 1, 3);
+            CYATTN_AMX_STEP_2X2(v0 + CYATTN_AMX_BLOCK * c, v0 + 16 * ld_v + CYATTN_AMX_BLOCK * c, ld_v * 2, pt + c * 512, pt + c * 512 + 256);
         }
         CYATTN_TL_STORE(4, o0, ld_o * 4);
         CYATTN_TL_STORE(5, o0 + 16, ld_o * 4);
