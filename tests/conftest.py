@@ -295,6 +295,18 @@ _UB = 2.0 ** -8          # bfloat16 unit roundoff (8 significant bits)
 _TINY = 2.0 ** -126      # smallest normal float32 (what DAZ/FTZ may lose)
 
 
+def bf16_gemm_bound(a, b, out0, alpha):
+    """The documented bound of bfloat16 matmul_accumulate's fast paths (vdpbf16ps and AMX
+    tiles) against the exact ``out0 + alpha * a @ b``, u = 2^-24: (K + 2) u (|alpha|
+    sum_k |a_k b_k| + |out0|) + 2^-126 |alpha| (sum_k (|a_k| + |b_k|) + K)."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    K = a.shape[-1]
+    mag = abs(alpha) * (np.abs(a64) @ np.abs(b64)) + np.abs(out0.astype(np.float64))
+    flush = abs(alpha) * 2.0 ** -126 * (np.abs(a64).sum(-1)[..., :, None]
+                                        + np.abs(b64).sum(-2)[..., None, :] + K)
+    return (K + 2) * 2.0 ** -24 * mag + flush
+
+
 def _bf16_f64(x):
     return None if x is None else np.asarray(x).astype(np.float64)
 

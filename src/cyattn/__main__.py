@@ -127,6 +127,7 @@ def cmd_info():
         ("cpu_count", cfg["cpu_count"]),
         ("bf16_matmul", cfg["bf16_matmul"]),
         ("bf16_attention", cfg["bf16_attention"]),
+        ("amx", cfg["amx"]),
         ("python", sys.version.split()[0]),
         ("numpy", np.__version__),
     ]

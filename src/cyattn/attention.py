@@ -21,12 +21,23 @@ _STORAGE = {1: _UINT16, 2: _UINT16, _kv8.KV8_I8: np.dtype(np.uint8),
 
 def default_bf16_path():
     """One line for ``python -m cyattn info``: which path bfloat16 attention takes by default
-    with the loaded kernels."""
-    if getattr(_backend.kernels, "BF16_DOT", False):
-        return ("fast (vdpbf16ps, P rounded to bf16) for prefill (L > 16) by default, decode "
-                "exact; precision='exact': float32 FMAs")
-    return ("exact (float32 FMAs) by default; precision='fast': portable emulation of "
-            "vdpbf16ps for prefill (no AVX512-BF16 in this CPU or kernel variant)")
+    with the loaded kernels, and why (_backend.bf16_path's reason)."""
+    path, why = _backend.default_bf16_path()
+    if path == "amx":
+        return (f"fast on AMX tiles (tdpbf16ps, P rounded to bf16) for prefill (L > 16) by "
+                f"default, decode exact [{why}]; precision='exact': float32 FMAs")
+    if path == "fast":
+        return (f"fast (vdpbf16ps, P rounded to bf16) for prefill (L > 16) by default, decode "
+                f"exact [{why}]; precision='exact': float32 FMAs")
+    fast = ("vdpbf16ps" if getattr(_backend.kernels, "BF16_DOT", False)
+            else "portable emulation of vdpbf16ps")
+    return f"exact (float32 FMAs) by default [{why}]; precision='fast': {fast} for prefill"
+
+
+def _on_tiles(emulate):
+    """Whether the bf16 fast path runs on AMX tiles: the amx variant's instructions (unless
+    ``emulate`` asks for the vdpbf16ps emulation), or the tiles' model (``emulate="amx"``)."""
+    return emulate == "amx" or (emulate is False and getattr(_backend.kernels, "AMX", False))
 
 
 def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment, return_lse,
@@ -62,6 +73,8 @@ def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
     if query.dtype.itemsize == 2:
         if precision is None:
             precision = _resolve_precision(None, _FNAME)
+        if precision == "fast" and _on_tiles(emulate):
+            return None             # the tile path runs from the general path only
         return _fast_half_call(query, key, value, attn_mask, is_causal, scale, bottom_right,
                                return_lse, enable_gqa, out, n_threads, precision, emulate)
     res = _backend.kernels.attention_fast(query, key, value, attn_mask, out, scale, is_causal,
@@ -230,13 +243,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         products (AVX512-BF16 ``vdpbf16ps``; on a CPU or build without them, a portable
         emulation with the same semantics, slower than ``"exact"``), with the weights ``P``
         rounded to bfloat16 before ``P V`` (as PyTorch's CPU flash attention does): see
-        Notes for the contract and its error bound. None (default), as for
-        :func:`cyattn.matmul_accumulate`: ``"fast"`` where the loaded kernels have the
-        instruction (``python -m cyattn info``), else ``"exact"``. Why: where the instruction
-        exists the fast path runs bf16 prefill at 1.5-1.8x the float32 call's rate (Zen 5, 1
-        thread), and its error (the bf16 rounding of P, 2^-8 relative) is of the size of the
-        bf16 rounding of the result that either path makes; where it does not, the emulation
-        would only be slower.
+        Notes for the contract and its error bound. In the opt-in ``amx`` variant
+        (``CYATTN_BACKEND=amx``) both products run on AMX tiles (``tdpbf16ps``; the same
+        contract, the tiles' order of the sums). None (default): ``"fast"`` where the
+        loaded kernels have tiles (the ``amx`` variant) or the instruction and the CPU runs
+        it faster than widening (AMD Zen 4 and later), else ``"exact"`` (Intel, where
+        ``vdpbf16ps`` runs at half the float32 FMA rate; CPUs without it): a rule on CPUID's
+        vendor, family and features, never a timing
+        (``python -m cyattn info`` prints the path and why). Why: on Zen 5 the fast path
+        runs bf16 prefill at 1.5-1.8x the float32 call's rate (1 thread), and its error (the
+        bf16 rounding of P, 2^-8 relative) is of the size of the bf16 rounding of the result
+        that either path makes; on Intel or through the emulation it would only be slower.
         With at most 16 query rows (decode, memory-bound), E = 0, Ev = 0 or S = 0, and for a
         call whose fast result has a non-finite row (inf/NaN inputs, overflow), the exact path
         runs instead.
@@ -392,6 +409,8 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
     """scaled_dot_product_attention; ``emulate`` runs the bf16 fast path's emulation even
     where the kernels have the instruction (for the tests that compare the two bit for
     bit); ``fast_tried``: the caller has tried the low-overhead path."""
+    if emulate not in (False, True, "amx"):
+        raise ValueError(f"{_FNAME}: emulate must be False, True or 'amx', got {emulate!r}")
     precision = _resolve_precision(precision, _FNAME)
     if (not fast_tried and window is None and softcap is None and sinks is None
             and alibi_slopes is None and key_lengths is None and query_lengths is None
@@ -488,7 +507,8 @@ def _run(call, precision, emulate):
                 mask, kind, m_off, m_rs, m_cs, res.reshape(-1, L, Ev), lse.reshape(-1, L),
                 L, S, E, Ev, call.scale, call.is_causal, call.bottom_right, call.return_lse,
                 n_threads, var.left, var.right, var.softcap, var.key_lengths,
-                var.query_lengths, var.slopes, var.sinks, emulate=emulate)
+                var.query_lengths, var.slopes, var.sinks, emulate=emulate is not False,
+                tiles=_on_tiles(emulate))
 
         # bfloat16 on the bf16 dot products (prefill only: decode is memory-bound and stays
         # on the exact path); a non-finite row sends the whole call to the exact path
