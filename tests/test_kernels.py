@@ -834,6 +834,43 @@ def test_softmax_pipelined_runs_match_the_general_path_bits(variant, n_threads, 
 
 
 @softmax_fns
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_softmax_streamed_rows_match_the_pipelined_rows_bits(variant, n_threads, log):
+    # An output of at least softmax_stream_min_bytes() (half the last-level cache) is written
+    # by non-temporal stores from a scratch row (cyattn_softmax_rows_f32_nt): the stores only
+    # differ, so the bits must be those of the ordinary pipelined rows. stream_min (0: always
+    # stream, huge: never) takes either path on small arrays; outputs at every alignment of
+    # the vector stores (an offset of 1-15 floats), declined rows (NaN, +inf, a score more than
+    # 87 below the maximum, all -inf) between streamed ones, in place or not, and the public
+    # call above the host's threshold.
+    kern = cyattn._backend.kernels
+    assert kern.softmax_stream_min_bytes() > 0
+    rng = np.random.default_rng(46)
+    for rows, n in ((1, 32), (5, 33), (9, 100), (13, 512), (4, 2053)):
+        x = (rng.standard_normal((rows, n)) * 4).astype(np.float32)
+        if rows > 4:
+            x[1, 0], x[2, n - 1], x[3, 1], x[4, :] = np.nan, np.inf, -200.0, -np.inf
+        for off in (0, 1, 7, 15):
+            ref = np.empty_like(x)
+            kern.softmax_rows(x, ref, None, None, 0, 0, 0, 0, log, n_threads, 1 << 62)
+            got = np.empty(x.size + off, np.float32)[off:].reshape(x.shape)
+            kern.softmax_rows(x, got, None, None, 0, 0, 0, 0, log, n_threads, 0)
+            np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+            fast = np.empty(x.size + off, np.float32)[off:].reshape(x.shape)
+            if off == 0:
+                assert kern.softmax_fast(x, fast, log, n_threads, np.empty, 0) is fast
+                np.testing.assert_array_equal(fast.view(np.uint32), ref.view(np.uint32))
+        inplace = x.copy()
+        kern.softmax_rows(inplace, inplace, None, None, 0, 0, 0, 0, log, n_threads, 0)
+        np.testing.assert_array_equal(inplace.view(np.uint32), ref.view(np.uint32))
+    rows = kern.softmax_stream_min_bytes() // (4 * 256) + 1     # past the host's threshold
+    x = rng.standard_normal((rows, 256)).astype(np.float32)
+    ref = np.empty_like(x)
+    kern.softmax_rows(x, ref, None, None, 0, 0, 0, 0, log, n_threads, 1 << 62)
+    np.testing.assert_array_equal(_sm(log)(x).view(np.uint32), ref.view(np.uint32))
+
+
+@softmax_fns
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 def test_softmax_out_written_directly(variant, dtype, log, monkeypatch):
     # A C-contiguous out of the compute dtype (float16 is computed in float32, so it is

@@ -437,26 +437,55 @@ cdef void softmax_pair_to(const floating* x0, floating* y0, const floating* x1, 
     row_scale(y1, n, <floating>1 / t1)
 
 
+# The output size in bytes from which unmasked float32 softmax rows write their output by
+# non-temporal stores (softmax_row_run's stream): half the host's last-level cache as CPUID
+# gives it (cyattn_llc_bytes; 16 MiB where it does not say), i.e. from where an out-of-place
+# call's input and output together no longer fit that cache: the output cannot stay cached for
+# its reader then, and its lines are not worth the read for ownership an ordinary store pays
+# (nor the input's lines it would evict). Zen 5, 32 MiB L3, 1 thread, 512-float rows, ordinary
+# pipelined rows against the streamed ones: 8 MiB out 0.29 / 0.35 ms (streaming loses, also
+# with a copy of the output after the call), 16 MiB 0.93 / 0.88, 24 MiB 1.46 / 1.37, 32 MiB
+# 6.1 / 1.8 (bench/results/softmax_stream.md). Read once, at import (a constant of the host,
+# never written again).
+cdef Py_ssize_t STREAM_MIN_BYTES = <Py_ssize_t>(cyattn_llc_bytes() // 2) or (16 << 20)
+
+
 cdef void softmax_row_run(const float* x, float* y, Py_ssize_t r0, Py_ssize_t r1,
-                          Py_ssize_t n, bint log_out) noexcept nogil:
+                          Py_ssize_t n, bint log_out, bint stream) noexcept nogil:
     """Unmasked float32 softmax (log_out: log-softmax) of the C-contiguous rows r0 .. r1 of
     n >= LANES elements (CYATTN_ROWK variants): cyattn_softmax_rows_f32's pipelined runs of
     rows, with the bits of softmax_row on each row; a row that run declines (no finite
     maximum, or a score more than 87 below it) takes softmax_row and the run restarts after
-    it."""
+    it. stream: the output is far larger than the caches (softmax_stream_min_bytes): the rows
+    by cyattn_softmax_rows_f32_nt instead, the exp values in a scratch row of this thread and y
+    written once by non-temporal stores (the same bits), then a store fence, so that the rows
+    are visible to whichever thread reads them after the parallel region (if the scratch row
+    cannot be allocated, the ordinary rows)."""
     cdef Py_ssize_t r = r0
+    cdef void* raw = NULL
+    cdef float* scratch = NULL
+    if stream:
+        raw = malloc(n * sizeof(float) + ALIGN)
+        if raw != NULL:
+            scratch = <float*>(((<uintptr_t>raw) + ALIGN - 1) & ~(<uintptr_t>(ALIGN - 1)))
     while r < r1:
-        r += cyattn_softmax_rows_f32(x + r * n, y + r * n, r1 - r, n, log_out)
+        if scratch != NULL:
+            r += cyattn_softmax_rows_f32_nt(x + r * n, y + r * n, scratch, r1 - r, n, log_out)
+        else:
+            r += cyattn_softmax_rows_f32(x + r * n, y + r * n, r1 - r, n, log_out)
         if r < r1:
             softmax_row(x + r * n, y + r * n, n, NULL, 0, <const float*>NULL, 0, log_out,
                         x != y and not log_out)
             r += 1
+    if raw != NULL:
+        cyattn_sfence()
+        free(raw)
 
 
 cdef void softmax_row_tasks(const floating* x, floating* y, Py_ssize_t rows, Py_ssize_t n,
                             const uint8_t* bmask, Py_ssize_t b_rs, Py_ssize_t b_cs,
                             const floating* amask, Py_ssize_t a_rs, Py_ssize_t a_cs,
-                            bint log_out, int n_threads) noexcept nogil:
+                            bint log_out, int n_threads, bint stream=False) noexcept nogil:
     cdef Py_ssize_t r, pair, t
     cdef bint direct = bmask == NULL and amask == NULL and x != y and not log_out
     cdef bint pairs = direct and n >= LANES
@@ -467,11 +496,11 @@ cdef void softmax_row_tasks(const floating* x, floating* y, Py_ssize_t rows, Py_
                 # unmasked (log-)softmax: runs of rows pipelined (softmax_row_run), each
                 # thread one contiguous share of the rows
                 if n_threads <= 1:
-                    softmax_row_run(<const float*>x, <float*>y, 0, rows, n, log_out)
+                    softmax_row_run(<const float*>x, <float*>y, 0, rows, n, log_out, stream)
                 else:
                     for t in prange(n_threads, num_threads=n_threads, schedule='static'):
                         softmax_row_run(<const float*>x, <float*>y, rows * t // n_threads,
-                                        rows * (t + 1) // n_threads, n, log_out)
+                                        rows * (t + 1) // n_threads, n, log_out, stream)
                 return
     if pairs:                           # rows in pairs (softmax_pair_to), the last one alone
         if n_threads <= 1:
