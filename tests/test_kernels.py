@@ -972,6 +972,45 @@ def test_softmax_fast_path_declines_other_inputs(variant, log):
     assert (ro == 3.0).all()
 
 
+@native_dtypes
+def test_matmul_tiny_calls_take_the_kernel_directly(variant, dtype, monkeypatch):
+    # A call with default options on ndarrays and a finite float alpha goes straight to
+    # matmul_fast with n_threads 0 (the default count), which takes a product that runs on one
+    # thread anyway and declines a larger one; either way the result is the general path's,
+    # bit for bit, and whatever is declined (other dtypes, layouts, an overlapping out,
+    # options) reaches the general path with its errors.
+    module = importlib.import_module("cyattn.matmul")
+    rng = np.random.default_rng(46)
+    seen = []
+    real = _backend.kernels.matmul_fast
+
+    def spy(a, b, out, alpha, n_threads):
+        seen.append(n_threads)
+        return real(a, b, out, alpha, n_threads)
+
+    monkeypatch.setattr(_backend.kernels, "matmul_fast", spy)
+    for n in (1, 16, 32, 64, 65, 130):
+        a, b, c = (rng.standard_normal((n, n)).astype(dtype) for _ in range(3))
+        seen.clear()
+        got = c.copy()
+        assert cyattn.matmul_accumulate(a, b, got, alpha=0.5) is got
+        assert seen[0] == 0 and (len(seen) == 1) == (n * n * n < 2 << 18)
+        with monkeypatch.context() as m:
+            m.setattr(module, "_fast_call", lambda *args: False)
+            ref = c.copy()
+            module._matmul(a, b, ref, 0.5, None, None)
+        np.testing.assert_array_equal(got, ref)
+    a = rng.standard_normal((16, 16)).astype(dtype)
+    with pytest.raises(ValueError, match="out"):
+        cyattn.matmul_accumulate(a, a, np.zeros((16, 15), dtype))
+    with pytest.raises(ValueError, match="precision"):
+        cyattn.matmul_accumulate(a, a, np.zeros((16, 16), dtype), precision="exactly")
+    with pytest.raises(ValueError, match="n_threads"):
+        cyattn.matmul_accumulate(a, a, np.zeros((16, 16), dtype), n_threads=0)
+    with pytest.raises(TypeError):
+        cyattn.matmul_accumulate(a, a, np.zeros((16, 16), dtype), alpha="1")
+
+
 def _sdpa_both_paths(monkeypatch, q, k, v, mask, out=None, **kw):
     """(fast, general): sdpa's (result, lse) with the kernel module's one-pass path (asserting
     that it was taken; it writes ``out``) and with that path switched off, so the Python checks
