@@ -434,7 +434,9 @@ CYATTN_INLINE ptrdiff_t cyattn_softmax_rows_f32_nt_impl(const float* x, float* y
    scratch row s (n floats, which stays in L1 or L2) instead of y, and the last pass writes y
    once, by non-temporal stores (cyattn_rowk_out_nt): y's bytes cross the memory bus once
    (a store that misses allocates the line first: read, then written back), and nothing is read
-   back from it. Rows one after the other, not pipelined: ... . Returns how many leading rows
+   back from it. Rows one after the other, not pipelined: past the caches the rows wait on
+   memory, not on the exp pass's ports (Zen 5, rows of 2048, 1 thread: 95 % of np.copyto's
+   bandwidth over the same bytes). Returns how many leading rows
    are done, as cyattn_softmax_rows_f32 does. The caller fences (cyattn_sfence) before the
    results are read by another thread. x and y may be the same array (each row of x is read in
    full before that row of y is written). */
