@@ -38,6 +38,17 @@
 #define CYATTN_ROWK 0
 #endif
 
+/* Whether the host's rule streams softmax outputs past the caches (STREAM_MIN_BYTES in
+   _softmax_rows.pxi): with 512-bit vectors only. On Zen 5 as an AVX2 CPU the streamed rows
+   (256-bit exp, not pipelined) ran rows of 2048 at 0.9x the pipelined ordinary rows and rows
+   of 512 level, while the 512-bit ones gained 1.06-1.2x; an explicit stream_min still takes
+   the streamed rows in either (the tests do). */
+#if defined(CYATTN_RW) && CYATTN_RW == 16
+#define CYATTN_ROWS_STREAM 1
+#else
+#define CYATTN_ROWS_STREAM 0
+#endif
+
 #if CYATTN_ROWK
 #include <math.h>
 #define CYATTN_RN (32 / CYATTN_RW)          /* vectors per 32 lanes */
@@ -389,12 +400,16 @@ static inline ptrdiff_t cyattn_softmax_rows_f32(const float* x, float* y, ptrdif
    cyattn_rowk_scale / cyattn_rowk_log element by element (so the same bits), with the
    CYATTN_RW-aligned middle of y written by non-temporal stores: no read for ownership of y's
    lines and no eviction of the caches' contents for an output that is not read back soon.
-   The elements before the first aligned vector and after the last one take ordinary stores. */
+   The non-temporal stores cover whole 64-byte lines only: they start at the first line
+   boundary of the row and end at the last one that a whole step of 32 elements reaches; the
+   elements before and after take ordinary stores, so no line is written both ways (with
+   256-bit stores from a 32-byte boundary, the lines shared with the ordinary stores of the
+   row's ends ran the rows 2-6x slower than ordinary stores on Zen 5; 64-byte alignment,
+   as 512-bit stores need anyway, fixes that). */
 CYATTN_INLINE void cyattn_rowk_out_nt(const float* e, float* y, ptrdiff_t n, float m, float f,
                                       int log_out) {
     CYATTN_RV vm = cyattn_rset1(m), vf = cyattn_rset1(f);
-    ptrdiff_t j = 0, head = (ptrdiff_t)((((uintptr_t)0 - (uintptr_t)y)
-                                          % (CYATTN_RW * sizeof(float))) / sizeof(float));
+    ptrdiff_t j = 0, head = (ptrdiff_t)((((uintptr_t)0 - (uintptr_t)y) % 64) / sizeof(float));
     int k;
     if (head > n)
         head = n;

@@ -222,7 +222,8 @@ def softmax_rows_half(x, out, int x_fmt, int out_fmt, bmask, amask, int a_fmt,
 
 def softmax_stream_min_bytes():
     """Bytes from which an unmasked float32 softmax / log-softmax writes its output by
-    non-temporal stores on this host (the rule of STREAM_MIN_BYTES)."""
+    non-temporal stores on this host (the rule of STREAM_MIN_BYTES: half the last-level
+    cache in the variants with 512-bit vectors; 1 << 62, never, in the others)."""
     return STREAM_MIN_BYTES
 
 

@@ -34,6 +34,7 @@ cdef extern from "_cyattn_support.h" nogil:
                          Py_ssize_t ks, Py_ssize_t n, int fmt, float scale, const void* v,
                          Py_ssize_t vs, Py_ssize_t nv, Py_ssize_t pf_bytes)
     int CYATTN_ROWK
+    int CYATTN_ROWS_STREAM
     void cyattn_rows_max_min_f32(const float* x, Py_ssize_t n, float* pmax, float* pmin)
     void cyattn_rows_exp_sum_f32(const float* x, float* y, Py_ssize_t n, float shift, float* part)
     void cyattn_rows_scale_f32(float* y, Py_ssize_t n, float factor)

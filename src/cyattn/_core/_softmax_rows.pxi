@@ -445,9 +445,12 @@ cdef void softmax_pair_to(const floating* x0, floating* y0, const floating* x1, 
 # (nor the input's lines it would evict). Zen 5, 32 MiB L3, 1 thread, 512-float rows, ordinary
 # pipelined rows against the streamed ones: 8 MiB out 0.29 / 0.35 ms (streaming loses, also
 # with a copy of the output after the call), 16 MiB 0.93 / 0.88, 24 MiB 1.46 / 1.37, 32 MiB
-# 6.1 / 1.8 (bench/results/softmax_stream.md). Read once, at import (a constant of the host,
-# never written again).
-cdef Py_ssize_t STREAM_MIN_BYTES = <Py_ssize_t>(cyattn_llc_bytes() // 2) or (16 << 20)
+# 6.1 / 1.8 (bench/results/softmax_stream.md). Only in the variants with 512-bit vectors
+# (CYATTN_ROWS_STREAM; elsewhere never, see _cyattn_softmax_rows.h). Read once, at import (a
+# constant of the host, never written again).
+cdef Py_ssize_t STREAM_MIN_BYTES = (
+    (<Py_ssize_t>(cyattn_llc_bytes() // 2) or (16 << 20)) if CYATTN_ROWS_STREAM
+    else (<Py_ssize_t>1) << 62)
 
 
 cdef void softmax_row_run(const float* x, float* y, Py_ssize_t r0, Py_ssize_t r1,
