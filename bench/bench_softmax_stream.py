@@ -19,6 +19,7 @@ GB/s counts the bytes read and written (2 x 4 x rows x n). Usage::
     python bench/bench_softmax_stream.py --rows-of 2048 --threads 1 --rounds 9 --log
 """
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -63,13 +64,13 @@ def main(argv=None):
         gb = 2 * x.nbytes / 1e9
         outs = {k: np.empty_like(x) for k in ("cyattn", "cyattn-ord", "ort", "copy")}
         for nt in threads:
-            impls = {"cyattn": lambda: fn(x, out=outs["cyattn"])}
+            impls = {"cyattn": functools.partial(fn, x, out=outs["cyattn"])}
             if not args.no_ord:
-                impls["cyattn-ord"] = lambda: kern.softmax_fast(
-                    x, outs["cyattn-ord"], args.log, nt, np.empty, 1 << 62)
+                impls["cyattn-ord"] = functools.partial(
+                    kern.softmax_fast, x, outs["cyattn-ord"], args.log, nt, np.empty, 1 << 62)
             if not args.no_ort and not args.log and peers.ort_module() is not None:
                 impls["ort"] = peers.ort_softmax(x, None, nt)[0]
-            impls["copy"] = lambda: np.copyto(outs["copy"], x)
+            impls["copy"] = functools.partial(np.copyto, outs["copy"], x)
             times = {k: [] for k in impls}
             with threadpool_limits(nt):
                 for r in range(args.rounds):
