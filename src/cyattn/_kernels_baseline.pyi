@@ -35,7 +35,9 @@ def softmax_rows_half(
 def softmax_rows(
     x: np.ndarray, out: np.ndarray, bmask: np.ndarray | None, amask: np.ndarray | None,
     b_rs: int, b_cs: int, a_rs: int, a_cs: int, log_out: bool, n_threads: int,
+    stream_min: int = ...,
 ) -> None: ...
+def softmax_stream_min_bytes() -> int: ...
 def matmul_accumulate(
     a: np.ndarray, a_off: npt.NDArray[np.int64], rsa: int, csa: int,
     b: np.ndarray, b_off: npt.NDArray[np.int64], rsb: int, csb: int,

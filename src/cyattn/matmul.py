@@ -152,6 +152,16 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, precision=None, n_threads=None):
     array([[2., 3.],
            [4., 5.]])
     """
+    # The tiny call first (issue 46): default options, ndarrays and a finite float alpha go
+    # straight to the kernel module, which takes them only where the product runs on one
+    # thread anyway (n_threads 0) and checks the buffers in one pass; n = 16 took 0.83x
+    # NumPy's time through the layers below (_matmul, _resolve_precision, _fast_call,
+    # fast_threads: five Python calls before the kernel's). Anything it declines takes the
+    # general path, with its errors.
+    if (n_threads is None and precision is None and type(alpha) is float
+            and type(a) is _ndarray and type(b) is _ndarray and type(out) is _ndarray
+            and alpha - alpha == 0.0 and _backend.kernels.matmul_fast(a, b, out, alpha, 0)):
+        return out
     return _matmul(a, b, out, alpha, precision, n_threads)
 
 

@@ -157,4 +157,45 @@ static int cyattn_amx_request_perm(void) {
 #endif
 }
 
+/* Bytes of the largest data or unified cache CPUID describes (the last level: L3 on the
+   hosts seen), from the deterministic cache parameters (leaf 4 on Intel, leaf 0x8000001D on
+   AMD with TOPOEXT): ways x partitions x line size x sets. 0 where CPUID does not say (other
+   vendors, old CPUs, a hypervisor that hides the leaves, not x86). A pure function of the CPU,
+   read once, at the kernel module's import (it costs a trap to the hypervisor per CPUID in a
+   virtual machine). */
+static long long cyattn_llc_bytes(void) {
+    long long best = 0;
+#if CYATTN_X86
+    unsigned int r[4], leaf = 0, sub;
+    cyattn_cpuid(0, 0, r);
+    if (r[1] == 0x756e6547u && r[0] >= 4) {                 /* "GenuineIntel" */
+        leaf = 4;
+    } else if (r[1] == 0x68747541u || r[1] == 0x6f677948u) { /* "AuthenticAMD", "HygonGenuine" */
+        cyattn_cpuid(0x80000000u, 0, r);
+        if (r[0] >= 0x8000001Du) {
+            cyattn_cpuid(0x80000001u, 0, r);
+            if (r[2] & (1u << 22))                           /* TOPOEXT */
+                leaf = 0x8000001Du;
+        }
+    }
+    if (leaf == 0)
+        return 0;
+    for (sub = 0; sub < 16; sub++) {
+        long long size;
+        unsigned int type;
+        cyattn_cpuid(leaf, sub, r);
+        type = r[0] & 0x1fu;                   /* 0: no more caches; 1 data, 2 code, 3 unified */
+        if (type == 0)
+            break;
+        if (type == 2)
+            continue;
+        size = (long long)((r[1] >> 22) + 1) * (long long)(((r[1] >> 12) & 0x3ffu) + 1)
+               * (long long)((r[1] & 0xfffu) + 1) * ((long long)r[2] + 1);
+        if (size > best)
+            best = size;
+    }
+#endif
+    return best;
+}
+
 #endif /* CYATTN_CPU_H */

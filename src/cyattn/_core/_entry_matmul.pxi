@@ -141,7 +141,10 @@ def matmul_fast(a, b, out, double alpha, int n_threads):
     """out += alpha * a @ b if a (M, K), b (K, N) and out (M, N) are C-contiguous, aligned,
     non-empty 2-D arrays of one native float dtype and out is writable and disjoint from both;
     returns False without touching anything otherwise. The low-overhead path of
-    matmul_accumulate: one pass of checks on the buffers, no offset arrays."""
+    matmul_accumulate: one pass of checks on the buffers, no offset arrays. n_threads 0: the
+    default thread count, for a product small enough to run on one thread whatever that count
+    (below 2 << 18 multiply-adds); a larger one is declined (False), for the caller to resolve
+    the count (matmul_accumulate's tiny calls, without the Python layers that resolve it)."""
     cdef Py_buffer av, bv, cv
     cdef int status = 0, code
     cdef int64_t zero = 0
@@ -168,6 +171,8 @@ def matmul_fast(a, b, out, double alpha, int n_threads):
                         or <uintptr_t>av.buf % code or <uintptr_t>bv.buf % code
                         or <uintptr_t>cv.buf % code
                         or not _disjoint(&cv, &av) or not _disjoint(&cv, &bv)):
+                    return False
+                if n_threads == 0 and (M * N * K) >> 18 > 1:    # the count is the caller's
                     return False
                 if n_threads > (M * N * K) >> 18:     # small products run on fewer threads
                     n_threads = <int>((M * N * K) >> 18)

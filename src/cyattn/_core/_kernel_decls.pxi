@@ -34,6 +34,7 @@ cdef extern from "_cyattn_support.h" nogil:
                          Py_ssize_t ks, Py_ssize_t n, int fmt, float scale, const void* v,
                          Py_ssize_t vs, Py_ssize_t nv, Py_ssize_t pf_bytes)
     int CYATTN_ROWK
+    int CYATTN_ROWS_STREAM
     void cyattn_rows_max_min_f32(const float* x, Py_ssize_t n, float* pmax, float* pmin)
     void cyattn_rows_exp_sum_f32(const float* x, float* y, Py_ssize_t n, float shift, float* part)
     void cyattn_rows_scale_f32(float* y, Py_ssize_t n, float factor)
@@ -41,12 +42,16 @@ cdef extern from "_cyattn_support.h" nogil:
                                int log_out)
     Py_ssize_t cyattn_softmax_rows_f32(const float* x, float* y, Py_ssize_t rows, Py_ssize_t n,
                                        int log_out)
+    Py_ssize_t cyattn_softmax_rows_f32_nt(const float* x, float* y, float* s, Py_ssize_t rows,
+                                          Py_ssize_t n, int log_out)
+    void cyattn_sfence()
     void cyattn_tile12x8_f32(Py_ssize_t kc, const float* pa, Py_ssize_t ps, const float* pb,
                              Py_ssize_t pbs, float* c, Py_ssize_t rsc, float alpha, int overwrite)
     int cyattn_any_nonfinite_f32(const float* v, Py_ssize_t n)
     int cyattn_cpu_features()
     void cyattn_cpu_identity(char* vendor, int* family, int* model)
     int cyattn_amx_request_perm()
+    long long cyattn_llc_bytes()
     int cyattn_openmp_enabled()
     int cyattn_omp_max_threads()
     int cyattn_omp_num_procs()
