@@ -227,13 +227,14 @@ def main(argv=None):
                 torch.set_num_threads(n)
                 times = {"cyattn": [], "st": [], "ort": [], "ort_fused": []}
                 engines = {
-                    "cyattn": lambda n=n: enc.encode(data, args.batch_size, n_threads=n),
-                    "st": lambda: st.encode(data, batch_size=args.batch_size),
-                    "ort": lambda n=n: ort_engine.encode(data, args.batch_size, n),
+                    "cyattn": lambda n=n, e=enc: e.encode(data, args.batch_size, n_threads=n),
+                    "st": lambda m=st: m.encode(data, batch_size=args.batch_size),
+                    "ort": lambda n=n, o=ort_engine: o.encode(data, args.batch_size, n),
                 }
                 if fused is not None:
-                    engines["ort_fused"] = lambda n=n: fused.encode(data, args.batch_size, n)
-                for name, run in engines.items():      # warm-up
+                    engines["ort_fused"] = lambda n=n, f=fused: f.encode(data, args.batch_size,
+                                                                         n)
+                for run in engines.values():           # warm-up
                     run()
                 for r in range(args.rounds):
                     names = list(engines)

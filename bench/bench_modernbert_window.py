@@ -73,7 +73,7 @@ def main(argv=None):
         t = {kind: [] for kind in enc}
         stages = {kind: [] for kind in enc}
         alone = {False: [], True: []}
-        for kind, e in enc.items():        # warm-up
+        for e in enc.values():             # warm-up
             e.forward(ids, n)
         for _ in range(args.rounds):
             for kind, e in enc.items():
@@ -95,7 +95,7 @@ def main(argv=None):
                 alone[windowed].append(time.perf_counter() - t0)
             load.append(os.getloadavg()[0])
 
-        def med(kind, *names):
+        def med(kind, *names, stages=stages):
             return 1e3 * statistics.median(sum(s.get(x, 0.0) for x in names)
                                            for s in stages[kind])
 
