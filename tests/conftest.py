@@ -311,13 +311,15 @@ def _bf16_f64(x):
     return None if x is None else np.asarray(x).astype(np.float64)
 
 
-def bf16_attention_bound(q, k, v, mask=None, **kw):
+def bf16_attention_bound(q, k, v, mask=None, key_chunk=256, **kw):
     """(reference output, its bound, reference lse, its bound) of a bfloat16 attention call
     with the options ``kw``: the float64 call on the same bfloat16 values (q, k, v, mask as
     NumPy arrays of those values, any float dtype), and the error bound of the bfloat16
     results of ``precision="fast"`` that cyattn.scaled_dot_product_attention's Notes document
     (issue 40; it also holds for the exact path, whose error is the bf16 rounding of the
-    result plus float32 sums). Elementwise arrays of the output's and the lse's shapes."""
+    result plus float32 sums). Elementwise arrays of the output's and the lse's shapes.
+    ``key_chunk``: the keys per block (256) or, for the decode on tiles, the smallest key
+    chunk (128): nb counts the blocks, or the chunks (one more: they need not start at 0)."""
     ref_kw = {key: val for key, val in kw.items() if key not in ("precision", "n_threads")}
     ref_kw["return_lse"] = True
     q64, k64, v64 = _bf16_f64(q), _bf16_f64(k), _bf16_f64(v)
@@ -330,7 +332,7 @@ def bf16_attention_bound(q, k, v, mask=None, **kw):
     if kw.get("enable_gqa"):
         rep = q.shape[-3] // k.shape[-3]
         k64, v64 = np.repeat(k64, rep, axis=-3), np.repeat(v64, rep, axis=-3)
-    nb = -(-S // 256)
+    nb = -(-S // key_chunk) + (0 if key_chunk == 256 else 1)
     qk = np.abs(q64) @ np.swapaxes(np.abs(k64), -1, -2)                     # sum_e |q_e k_je|
     daz = (np.abs(q64).sum(-1)[..., :, None] + np.abs(k64).sum(-1)[..., None, :] + E)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -6,12 +6,17 @@
 # 2. shows `info` by default (the bf16 path an Intel CPU gets: exact) and with the amx
 #    variant forced (it must load: CPUID, XCR0 and Linux's arch_prctl grant the tiles);
 # 3. runs the hardware tests: the tile instruction against the 35,840 recorded bits, the
-#    hardware tile GEMM and tile attention against the model bit for bit (1 and 2 threads),
+#    hardware tile GEMM, tile attention (prefill) and tile decode (the query heads of a K/V
+#    group as the tiles' rows) against the model bit for bit (1 and 2 threads),
 #    the build and rule tests with the amx variant forced, and the bf16 tests of the
 #    default variant (vdpbf16ps against its emulation, unchanged);
 # 4. a small bench: bf16 matmul_accumulate 1024^3 and 2048^3, precision="fast" (tiles) vs
 #    "exact" vs torch's bf16 addmm_, 1 and 2 threads (bench/bench_bf16_matmul.py), and bf16
-#    SDPA prefill (bench/bench_bf16_attention.py, its default shapes).
+#    SDPA prefill (bench/bench_bf16_attention.py, its default shapes) and grouped bf16 decode
+#    (8, 32q/8kv, 4096, 128), L = 1 and 4, tiles vs the exact (widening) decode vs torch, and
+#    the fraction of NumPy's K+V read (bench_bf16_attention.py --decode-only). Issue 45 asks
+#    to keep the faster of tiles and widening for decode (M = 4 or 8 rows fill a 16-row tile
+#    little): compare "cyattn fast" with "cyattn exact" there.
 # Exit status: non-zero if a step fails. Paste the whole output into the issue.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,10 +33,11 @@ python -m cyattn info
 echo "== info (CYATTN_BACKEND=amx)"
 CYATTN_BACKEND=amx python -m cyattn info
 echo "== hardware vs recorded bits and vs the model"
-python -m pytest -q -rs tests/test_amx_model.py tests/test_amx_attention.py
+python -m pytest -q -rs tests/test_amx_model.py tests/test_amx_attention.py \
+    tests/test_amx_decode.py
 echo "== build and rule tests with the amx variant forced"
 CYATTN_BACKEND=amx python -m pytest -q -rs tests/test_build.py tests/test_bf16_path.py \
-    tests/test_amx_model.py tests/test_amx_attention.py
+    tests/test_amx_model.py tests/test_amx_attention.py tests/test_amx_decode.py
 echo "== bf16 tests of the default variant"
 python -m pytest -q tests/test_bf16_fast.py tests/test_bf16_attention_fast.py
 echo "== bench: bf16 matmul_accumulate on tiles (CYATTN_BACKEND=amx)"
@@ -40,4 +46,6 @@ for n in 1024 2048; do
 done
 echo "== bench: bf16 SDPA prefill on tiles vs float32 and torch (CYATTN_BACKEND=amx)"
 CYATTN_BACKEND=amx python bench/bench_bf16_attention.py
+echo "== bench: bf16 grouped decode on tiles vs the widening decode, torch and the read of K+V"
+CYATTN_BACKEND=amx python bench/bench_bf16_attention.py --decode-only
 echo "amx_check: all steps passed"

@@ -68,6 +68,7 @@ quick_suites=(
     tests/test_half_kv.py                 # float16/bfloat16 K/V widened in the decode loop
     tests/test_bf16_attention_fast.py     # bf16 attention fast path (vdpbf16ps and its model)
     tests/test_bf16_fast.py               # bf16 matmul fast path
+    tests/test_amx_decode.py              # bf16 decode on AMX tiles (the model; ~3 s plain)
     tests/test_errors.py                  # allocation refusal and failed calls' scratch
 )
 # Left out of the quick run: the softmax and matmul kernels (stable, covered by the full run),

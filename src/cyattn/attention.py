@@ -24,8 +24,8 @@ def default_bf16_path():
     with the loaded kernels, and why (_backend.bf16_path's reason)."""
     path, why = _backend.default_bf16_path()
     if path == "amx":
-        return (f"fast on AMX tiles (tdpbf16ps, P rounded to bf16) for prefill (L > 16) by "
-                f"default, decode exact [{why}]; precision='exact': float32 FMAs")
+        return (f"fast on AMX tiles (tdpbf16ps, P rounded to bf16) for prefill and decode by "
+                f"default [{why}]; precision='exact': float32 FMAs")
     if path == "fast":
         return (f"fast (vdpbf16ps, P rounded to bf16) for prefill (L > 16) by default, decode "
                 f"exact [{why}]; precision='exact': float32 FMAs")
@@ -245,7 +245,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         rounded to bfloat16 before ``P V`` (as PyTorch's CPU flash attention does): see
         Notes for the contract and its error bound. In the opt-in ``amx`` variant
         (``CYATTN_BACKEND=amx``) both products run on AMX tiles (``tdpbf16ps``; the same
-        contract, the tiles' order of the sums). None (default): ``"fast"`` where the
+        contract, the tiles' order of the sums), and so does decode (at most 16 query rows:
+        the query heads of a K/V group as the tiles' rows, the bound below with ``nb`` the
+        number of key chunks of 128-512). None (default): ``"fast"`` where the
         loaded kernels have tiles (the ``amx`` variant) or the instruction and the CPU runs
         it faster than widening (AMD Zen 4 and later), else ``"exact"`` (Intel, where
         ``vdpbf16ps`` runs at half the float32 FMA rate; CPUs without it): a rule on CPUID's
@@ -511,10 +513,11 @@ def _run(call, precision, emulate):
                 tiles=_on_tiles(emulate))
 
         # bfloat16 on the bf16 dot products (prefill only: decode is memory-bound and stays
-        # on the exact path); a non-finite row sends the whole call to the exact path
+        # on the exact path), or on AMX tiles (prefill and decode: the query heads of a K/V
+        # group as the tiles' rows); a non-finite row sends the whole call to the exact path
         # (8-bit K/V never: key and value are then dtype stand-ins, not the data)
-        bf16_fast = (precision == "fast" and kv8 is None and L > _DECODE_MAX_L and S > 0
-                     and E > 0 and Ev > 0
+        bf16_fast = (precision == "fast" and kv8 is None and S > 0 and E > 0 and Ev > 0
+                     and (L > _DECODE_MAX_L or _on_tiles(emulate))
                      and all(V.is_bfloat16(a.dtype) for a in (query, key, value)))
         if not (bf16_fast and not run_bf16()):
             if run(q_fmt, kv_fmt) and (q_fmt or kv_fmt):

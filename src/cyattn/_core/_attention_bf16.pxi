@@ -35,6 +35,8 @@
 #   per chunk, see isa/_cyattn_amx_model.h), so the bits differ from vdpbf16ps's but not
 #   between the model and the hardware, nor with the thread count. Each worker loads the tile
 #   configuration once and releases the tiles when its tasks end.
+#   On tiles, few-row calls (L <= DECODE_MAX_L) that the exact path would decode take the tile
+#   decode instead (_attention_decode_amx.pxi); the other few-row calls run here.
 
 cdef enum:
     BF16_EMUL = 0             # vdpbf16ps emulated

@@ -19,7 +19,8 @@ def attention_bf16(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs
     strides in elements, as ``attention``) on the bf16 dot product: vdpbf16ps where this
     module has it (BF16_DOT) unless ``emulate``, else the emulation (the same bits); with
     ``tiles``, on AMX tiles: the instructions where this module has them (AMX) unless
-    ``emulate``, else the tiles' portable model (the same bits).
+    ``emulate``, else the tiles' portable model (the same bits); on tiles, the few-row calls
+    the exact path would decode take the tile decode (_attention_decode_amx.pxi).
     E, Ev > 0 and L > 0. out: float32 C-contiguous (batch, L, Ev); lse float32 (batch, L).
     mask_kind: 0 none, 1 bool (uint8, True = keep), 2 additive (float32). Variants as in
     ``attention``. Returns True if a row's result is not finite (the caller then computes
@@ -51,6 +52,10 @@ def attention_bf16(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs
         raise ValueError("attention_bf16: out (batch, L, Ev), lse (batch, L), E, Ev > 0")
     if batch == 0 or L == 0:
         return False
+    # a few query rows on tiles: the bf16 tile decode where the exact path would decode
+    # (attention_run's rule, strides aside: the tile decode packs any), else the prefill tiles
+    cdef bint decode = (tiles and L <= DECODE_MAX_L and decode_rows_fit(L, S)
+                        and batch * S * (E + Ev) >= L * DECODE_MIN_WORK)
     cdef char* qp = _buf(q, &qv, False)
     try:
         kp = _buf(k, &kv, False)
@@ -70,12 +75,22 @@ def attention_bf16(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs
                         raise ValueError("attention_bf16: q, k, v need 16-bit elements and "
                                          "a float mask float32")
                     with nogil:
-                        bf16_attention_run(<const uint16_t*>qp, &q_off[0], q_rs, q_cs,
+                        if decode:
+                            amx_decode_run(<const uint16_t*>qp, &q_off[0], q_rs, q_cs,
                                            <const uint16_t*>kp, &k_off[0], k_rs, k_cs,
                                            <const uint16_t*>vp, &v_off[0], v_rs, v_cs,
                                            bmask, amask, mo, m_rs, m_cs, &out[0, 0, 0],
                                            &lse[0, 0], batch, L, S, E, Ev, <float>scale, &var,
-                                           want_lse, n_threads, engine, &status, &redo)
+                                           n_threads, engine == BF16_TILES_HW, &status,
+                                           &redo)
+                        else:
+                            bf16_attention_run(
+                                <const uint16_t*>qp, &q_off[0], q_rs, q_cs,
+                                <const uint16_t*>kp, &k_off[0], k_rs, k_cs,
+                                <const uint16_t*>vp, &v_off[0], v_rs, v_cs, bmask, amask, mo,
+                                m_rs, m_cs, &out[0, 0, 0], &lse[0, 0], batch, L, S, E, Ev,
+                                <float>scale, &var, want_lse, n_threads, engine, &status,
+                                &redo)
                 finally:
                     if mask_kind != 0:
                         PyBuffer_Release(&mv)

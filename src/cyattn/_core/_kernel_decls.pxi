@@ -75,6 +75,8 @@ cdef extern from "_cyattn_support.h" nogil:
         AMX_BLOCK "CYATTN_AMX_BLOCK"
         AMX_CHUNK "CYATTN_AMX_CHUNK"
         AMX_MODEL_BYTES "CYATTN_AMX_MODEL_BYTES"
+        AMX_DEC_ROWS "CYATTN_AMX_DEC_ROWS"
+        AMX_ACHUNK "CYATTN_AMX_ACHUNK"
     void cyattn_amx_pack_rows(Py_ssize_t rows, Py_ssize_t cols, const uint16_t* src,
                               Py_ssize_t rs, Py_ssize_t cs, Py_ssize_t rows_total, Py_ssize_t ld,
                               uint16_t* dst)
@@ -94,6 +96,22 @@ cdef extern from "_cyattn_support.h" nogil:
     void cyattn_amx_pv_hw(void* ctx, const uint16_t* vt, Py_ssize_t ld_v, Py_ssize_t Ev,
                           Py_ssize_t k0, Py_ssize_t nkc, const uint32_t* pt, float* ot,
                           Py_ssize_t ld_o)
+    void cyattn_amx_pack_arow(Py_ssize_t E, const uint16_t* src, Py_ssize_t cs, uint16_t* dst)
+    void cyattn_amx_pack_kblock(Py_ssize_t E, Py_ssize_t lo, Py_ssize_t hi, const uint16_t* k,
+                                Py_ssize_t rs, Py_ssize_t cs, uint16_t* dst)
+    void cyattn_amx_pack_vblock(Py_ssize_t Ev, Py_ssize_t ncg, Py_ssize_t lo, Py_ssize_t hi,
+                                const uint16_t* v, Py_ssize_t rs, Py_ssize_t cs, uint16_t* dst)
+    void cyattn_amx_dec_begin_model(void* ctx, int m)
+    void cyattn_amx_dec_begin_hw(void* ctx, int m)
+    void cyattn_amx_dec_scores_model(void* ctx, const uint16_t* qa, Py_ssize_t ne,
+                                     const uint16_t* kt, float* s, Py_ssize_t ld_s)
+    void cyattn_amx_dec_scores_hw(void* ctx, const uint16_t* qa, Py_ssize_t ne,
+                                  const uint16_t* kt, float* s, Py_ssize_t ld_s)
+    void cyattn_amx_dec_pv_model(void* ctx, const uint16_t* p, Py_ssize_t ld_p,
+                                 const uint16_t* vb, Py_ssize_t ncg, float* acc,
+                                 Py_ssize_t ld_acc)
+    void cyattn_amx_dec_pv_hw(void* ctx, const uint16_t* p, Py_ssize_t ld_p,
+                              const uint16_t* vb, Py_ssize_t ncg, float* acc, Py_ssize_t ld_acc)
     void cyattn_amx_pack_b(Py_ssize_t K, Py_ssize_t n_here, const uint16_t* b, Py_ssize_t rsb,
                            Py_ssize_t csb, uint16_t* dst)
     void cyattn_amx_tile_product_model(const uint16_t* a, const uint16_t* b, const uint32_t* c0,

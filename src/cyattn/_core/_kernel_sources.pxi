@@ -14,6 +14,7 @@ include "_attention_two_pass.pxi" # the two-pass path that redoes non-finite row
 include "_attention_bf16.pxi"     # bf16 attention on bf16 dot products (precision="fast")
 include "_attention_decode.pxi"   # decode: a few query rows streamed over K and V
 include "_attention_decode_grouped.pxi"  # decode: the query heads of a K/V head as one task
+include "_attention_decode_amx.pxi"  # bf16 decode on AMX tiles (precision="fast")
 include "_entry_buffers.pxi"      # entry points' shared buffer, dtype, layout and overlap checks
 include "_entry_rows.pxi"         # def functions: exp/tanh, GELU/LayerNorm, half casts, softmax
 include "_entry_matmul.pxi"       # def functions: matmul_accumulate, packed B, matmul_fast

@@ -66,6 +66,9 @@
 #define cyattn_amx_end_hw cyattn_amx_end_model
 #define cyattn_amx_scores_hw cyattn_amx_scores_model
 #define cyattn_amx_pv_hw cyattn_amx_pv_model
+#define cyattn_amx_dec_begin_hw cyattn_amx_dec_begin_model
+#define cyattn_amx_dec_scores_hw cyattn_amx_dec_scores_model
+#define cyattn_amx_dec_pv_hw cyattn_amx_dec_pv_model
 #endif
 
 #endif /* CYATTN_AMX_H */

@@ -11,6 +11,8 @@
  * 4-7 (the 2 x 2 block of 16 x 16 float32 results). Each 32 x 32 block of the output is
  * accumulated over all of K in its C tiles, 32 k per TDPBF16PS, k chunks in order; its bits
  * depend only on K (zero-padded to a multiple of 32), never on the tiling or the threads.
+ * Decode (cyattn_amx_dec_*): A tile 0 and C tiles 4-5 of m <= 16 rows (a task's query rows),
+ * B tiles 2-3 of 16 pair rows; S = Q K^T and O += P V, 32 keys per block.
  */
 
 #ifndef CYATTN_AMX_LOOP_SHARED
@@ -146,6 +148,68 @@ static void cyattn_amx_pack_pt(const uint32_t* p_pairs, ptrdiff_t kpn, ptrdiff_t
         CYATTN_TL_DP(7, 1, 3); \
     } while (0)
 
+/* Decode on tiles (_attention_decode_amx.pxi): a task's query rows (at most 16: the query
+   heads of a K/V group times L) are the tiles' rows; Q and P are A tiles, K^T (pairs along
+   E) and V (pairs along keys) B tiles. */
+#define CYATTN_AMX_DEC_ROWS 16    /* query rows of a decode task, at most (one A tile) */
+#define CYATTN_AMX_ACHUNK 512     /* uint16 of an A chunk: 16 rows x 32 k */
+
+/* One query row (E bf16 elements, column stride cs) into its row of ne = ceil(E / 32) A
+   chunks (dst: the first chunk's row, chunks CYATTN_AMX_ACHUNK apart, rows 32 apart);
+   elements past E are +0. */
+static void cyattn_amx_pack_arow(ptrdiff_t E, const uint16_t* src, ptrdiff_t cs,
+                                 uint16_t* dst) {
+    ptrdiff_t ne = (E + CYATTN_AMX_KB - 1) / CYATTN_AMX_KB, c, x, e;
+    for (c = 0; c < ne; c++) {
+        uint16_t* d = dst + c * CYATTN_AMX_ACHUNK;
+        for (x = 0; x < CYATTN_AMX_KB; x++) {
+            e = CYATTN_AMX_KB * c + x;
+            d[x] = e < E ? src[e * cs] : 0;
+        }
+    }
+}
+
+/* Keys lo .. hi - 1 of a block of 32 keys (k: key lo's row; rows rs, elements cs apart, E
+   elements) into ne chunks of the two B tiles of S = Q K^T: chunk c, tile h (keys 16h ..
+   16h + 15), row q holds the pairs (K[key, 32c + 2q], K[key, 32c + 2q + 1]) of its 16 keys.
+   Keys of the block outside lo .. hi - 1 and elements past E are +0: those keys are never
+   read. */
+static void cyattn_amx_pack_kblock(ptrdiff_t E, ptrdiff_t lo, ptrdiff_t hi, const uint16_t* k,
+                                   ptrdiff_t rs, ptrdiff_t cs, uint16_t* dst) {
+    ptrdiff_t ne = (E + CYATTN_AMX_KB - 1) / CYATTN_AMX_KB, j, e;
+    memset(dst, 0, (size_t)(ne * CYATTN_AMX_CHUNK) * 2);
+    for (j = lo; j < hi; j++) {
+        const uint16_t* row = k + (j - lo) * rs;
+        uint16_t* d = dst + (j >> 4) * 512 + ((j & 15) << 1);
+        if (cs == 1) {
+            for (e = 0; e < E; e++)
+                d[(e >> 5) * CYATTN_AMX_CHUNK + ((e & 31) >> 1) * 32 + (e & 1)] = row[e];
+        } else {
+            for (e = 0; e < E; e++)
+                d[(e >> 5) * CYATTN_AMX_CHUNK + ((e & 31) >> 1) * 32 + (e & 1)] = row[e * cs];
+        }
+    }
+}
+
+/* Keys lo .. hi - 1 of a block of 32 keys (v: key lo's row; Ev elements) into ncg B tiles of
+   O += P V: tile c (value columns 16c .. 16c + 15), row q holds the pairs (V[2q, col],
+   V[2q + 1, col]) of its 16 columns. Other keys, and columns past Ev, are +0. */
+static void cyattn_amx_pack_vblock(ptrdiff_t Ev, ptrdiff_t ncg, ptrdiff_t lo, ptrdiff_t hi,
+                                   const uint16_t* v, ptrdiff_t rs, ptrdiff_t cs,
+                                   uint16_t* dst) {
+    ptrdiff_t j, n;
+    memset(dst, 0, (size_t)(ncg * 512) * 2);
+    for (j = lo; j < hi; j++) {
+        const uint16_t* row = v + (j - lo) * rs;
+        uint16_t* d = dst + (j >> 1) * 32 + (j & 1);
+        if (cs == 1) {
+            for (n = 0; n < Ev; n++) d[(n >> 4) * 512 + ((n & 15) << 1)] = row[n];
+        } else {
+            for (n = 0; n < Ev; n++) d[(n >> 4) * 512 + ((n & 15) << 1)] = row[n * cs];
+        }
+    }
+}
+
 #endif /* CYATTN_AMX_LOOP_SHARED */
 
 /* One TDPBF16PS on 16 x 64-byte tiles: out = c0 + a @ b (a, b: 16 x 32 bf16 in the tile
@@ -271,6 +335,64 @@ static void CYATTN_AMX_FN(cyattn_amx_pv)(cyattn_amx_model* ctx, const uint16_t* 
         CYATTN_TL_STORE(5, o0 + 16, ld_o * 4);
         CYATTN_TL_STORE(6, o1, ld_o * 4);
         CYATTN_TL_STORE(7, o1 + 16, ld_o * 4);
+    }
+}
+
+/* Decode on tiles: the tile configuration of a worker whose tasks have m <= 16 query rows
+   (the A tile 0 and the C tiles 4-5 of m rows, the B tiles 2-3 of 16 pair rows), loaded
+   once when the worker starts; released by cyattn_amx_end. */
+static void CYATTN_AMX_FN(cyattn_amx_dec_begin)(cyattn_amx_model* ctx, int m) {
+    cyattn_amx_cfg cfg;
+    CYATTN_TL_USE(ctx);
+    cyattn_amx_cfg_uniform(&cfg, 16, 64);
+    cfg.rows[0] = (uint8_t)m;
+    cfg.rows[4] = (uint8_t)m;
+    cfg.rows[5] = (uint8_t)m;
+    CYATTN_TL_CONFIG(&cfg);
+}
+
+/* S[0:m, 0:32] = Q K^T for one block of 32 keys, unscaled: qa the task's query rows packed
+   by cyattn_amx_pack_arow (ne chunks), kt the block packed by cyattn_amx_pack_kblock; E in
+   chunks of 32 in order, keys 0-15 and 16-31 in C tiles 4 and 5, stored to s (row stride
+   ld_s floats). Inside cyattn_amx_dec_begin / cyattn_amx_end. */
+static void CYATTN_AMX_FN(cyattn_amx_dec_scores)(cyattn_amx_model* ctx, const uint16_t* qa,
+                                                 ptrdiff_t ne, const uint16_t* kt, float* s,
+                                                 ptrdiff_t ld_s) {
+    ptrdiff_t e;
+    CYATTN_TL_USE(ctx);
+    CYATTN_TL_ZERO(4);
+    CYATTN_TL_ZERO(5);
+    for (e = 0; e < ne; e++) {
+        CYATTN_TL_LOAD(0, qa + e * CYATTN_AMX_ACHUNK, 64);
+        CYATTN_TL_LOAD(2, kt + e * CYATTN_AMX_CHUNK, 64);
+        CYATTN_TL_LOAD(3, kt + e * CYATTN_AMX_CHUNK + 512, 64);
+        CYATTN_TL_DP(4, 0, 2);
+        CYATTN_TL_DP(5, 0, 3);
+    }
+    CYATTN_TL_STORE(4, s, ld_s * 4);
+    CYATTN_TL_STORE(5, s + 16, ld_s * 4);
+}
+
+/* acc[0:m, 0:16 ncg] += P[0:m, 32 keys] V[32 keys, 0:16 ncg] for one block of 32 keys: p the
+   block's weights (bf16 bits, row stride ld_p elements: the A tile's pairs along keys), vb
+   the block packed by cyattn_amx_pack_vblock (ncg even), acc row stride ld_acc floats; the
+   accumulators pass through C tiles 4-5, 32 columns at a time. Inside cyattn_amx_dec_begin /
+   cyattn_amx_end. */
+static void CYATTN_AMX_FN(cyattn_amx_dec_pv)(cyattn_amx_model* ctx, const uint16_t* p,
+                                             ptrdiff_t ld_p, const uint16_t* vb, ptrdiff_t ncg,
+                                             float* acc, ptrdiff_t ld_acc) {
+    ptrdiff_t c;
+    CYATTN_TL_USE(ctx);
+    CYATTN_TL_LOAD(0, p, ld_p * 2);
+    for (c = 0; c < ncg; c += 2) {
+        CYATTN_TL_LOAD(4, acc + 16 * c, ld_acc * 4);
+        CYATTN_TL_LOAD(5, acc + 16 * c + 16, ld_acc * 4);
+        CYATTN_TL_LOAD(2, vb + c * 512, 64);
+        CYATTN_TL_LOAD(3, vb + c * 512 + 512, 64);
+        CYATTN_TL_DP(4, 0, 2);
+        CYATTN_TL_DP(5, 0, 3);
+        CYATTN_TL_STORE(4, acc + 16 * c, ld_acc * 4);
+        CYATTN_TL_STORE(5, acc + 16 * c + 16, ld_acc * 4);
     }
 }
 
