@@ -29,9 +29,10 @@ from conftest import child_env
 import cyattn
 from cyattn import _backend
 
-KNOWN = ("baseline", "avx2", "avx512", "avx512bf16")
+KNOWN = ("baseline", "neon", "avx2", "avx512", "avx512bf16")
 IS_X86_64 = (platform.machine().lower() in ("x86_64", "amd64", "x64")
              and sys.maxsize > 2 ** 32)
+IS_AARCH64 = platform.machine().lower() in ("aarch64", "arm64")
 
 
 def _built(name):
@@ -77,6 +78,13 @@ def test_x86_64_build_has_simd_variants(name):
 def test_other_builds_hold_only_the_baseline():
     assert _built("baseline")
     assert not _built("avx2") and not _built("avx512") and not _built("avx512bf16")
+    # aarch64 builds add the neon variant (setup.py's _target_is_aarch64), others nothing
+    assert _built("neon") == IS_AARCH64
+
+
+@pytest.mark.skipif(IS_AARCH64, reason="not aarch64 only")
+def test_non_aarch64_builds_have_no_neon_variant():
+    assert not _built("neon")
 
 
 def test_variant_modules_are_what_they_say():
@@ -102,6 +110,7 @@ def test_available_variants_match_cpu_features():
     feats = set(_backend.cpu_features())
     avail = _backend.available_variants()
     assert avail[0] == "baseline"
+    assert ("neon" in avail) == (_built("neon") and "neon" in feats)
     can_avx2 = {"avx", "avx2", "fma", "os_ymm"} <= feats
     assert ("avx2" in avail) == (_built("avx2") and can_avx2)
     can_avx512 = can_avx2 and {"avx512f", "avx512vl", "avx512bw", "avx512dq", "os_zmm"} <= feats
@@ -162,13 +171,13 @@ def test_forcing_an_unknown_variant_is_an_import_error(tmp_path, name):
     proc = _run("import cyattn", tmp_path, backend=name)
     assert proc.returncode != 0
     message = (f"ImportError: cyattn: unknown kernel variant {name.lower()!r}; "
-               "expected one of 'baseline', 'avx2', 'avx512', 'avx512bf16'")
+               "expected one of 'baseline', 'neon', 'avx2', 'avx512', 'avx512bf16'")
     assert message in proc.stderr, proc.stderr
 
 
 def test_load_variant_unknown_name():
     with pytest.raises(ImportError, match=r"unknown kernel variant 'sse9'; expected one of "
-                                          r"'baseline', 'avx2', 'avx512', 'avx512bf16'"):
+                                          r"'baseline', 'neon', 'avx2', 'avx512', 'avx512bf16'"):
         _backend.load_variant("sse9")
 
 

@@ -13,6 +13,7 @@
 #include "_cyattn_common.h"
 #include "_cyattn_vec_avx512.h"
 #include "_cyattn_vec_avx2.h"
+#include "_cyattn_vec_neon.h"
 
 /* Float32 softmax row passes in explicit vectors (issue 26): the lane-wise max/min, the exp
    and sum, and the scale of softmax_row_to / row_exp_sum_to over the first n - n % 32 elements,

@@ -303,22 +303,27 @@ cdef void micro_kernel_f32(Py_ssize_t kc, const float* pa, const float* pb,
                 for j in range(n_here):
                     c[i * rsc + j * csc] = 0
         return
-    # The first k step starts the sums (0 + a b, the same as zeroing and accumulating):
-    # zeroing acc made gcc clear its stack copy with a 1 KiB rep stos on every call.
-    for i in range(MR):
-        a_i = pa[i]
-        for j in range(NR):
-            acc[i][j] = a_i * pb[j] + zero
-    for p in range(1, kc):
-        # B's next panel (contiguous in a packed B; a prefetch past its end is harmless);
-        # a constant of the variant (B_PREFETCH), so the branch is compiled away
-        if B_PREFETCH:
-            cyattn_prefetch_r(pb + (p + 256) * NR)
-            cyattn_prefetch_r(pb + (p + 256) * NR + 16)
+    if CYATTN_NEON_TILE:
+        # the neon variant's 8 x 12 tile in registers (isa/_cyattn_vec_neon.h), the same sums
+        # as the loops below; a C constant (0 elsewhere), so the branch is compiled away
+        cyattn_tile8x12_f32(kc, pa, pb, &acc[0][0])
+    else:
+        # The first k step starts the sums (0 + a b, the same as zeroing and accumulating):
+        # zeroing acc made gcc clear its stack copy with a 1 KiB rep stos on every call.
         for i in range(MR):
-            a_i = pa[p * MR + i]
+            a_i = pa[i]
             for j in range(NR):
-                acc[i][j] += a_i * pb[p * NR + j]
+                acc[i][j] = a_i * pb[j] + zero
+        for p in range(1, kc):
+            # B's next panel (contiguous in a packed B; a prefetch past its end is harmless);
+            # a constant of the variant (B_PREFETCH), so the branch is compiled away
+            if B_PREFETCH:
+                cyattn_prefetch_r(pb + (p + 256) * NR)
+                cyattn_prefetch_r(pb + (p + 256) * NR + 16)
+            for i in range(MR):
+                a_i = pa[p * MR + i]
+                for j in range(NR):
+                    acc[i][j] += a_i * pb[p * NR + j]
     if m_here == MR and n_here == NR and csc == 1:
         for i in range(MR):
             c_row = c + i * rsc

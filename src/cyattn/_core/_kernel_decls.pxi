@@ -43,6 +43,8 @@ cdef extern from "_cyattn_support.h" nogil:
                                        int log_out)
     void cyattn_tile12x8_f32(Py_ssize_t kc, const float* pa, Py_ssize_t ps, const float* pb,
                              Py_ssize_t pbs, float* c, Py_ssize_t rsc, float alpha, int overwrite)
+    int CYATTN_NEON_TILE
+    void cyattn_tile8x12_f32(Py_ssize_t kc, const float* pa, const float* pb, float* acc)
     int cyattn_any_nonfinite_f32(const float* v, Py_ssize_t n)
     int cyattn_cpu_features()
     int cyattn_openmp_enabled()
