@@ -214,6 +214,13 @@ run_cpu() {
     cat "$work/info-$cpu.txt"
     grep -qE "^variant:\s+$expected$" "$work/info-$cpu.txt" ||
         fail "the dispatcher did not pick $expected under -cpu $cpu"
+    # the feature detection (getauxval) must see FEAT_BF16 on max and not on the fall-back
+    if [ "$cpu" = max ]; then
+        grep -E "^cpu_features:" "$work/info-$cpu.txt" | grep -qw bf16 ||
+            fail "no bf16 among the CPU features under -cpu max"
+    elif grep -E "^cpu_features:" "$work/info-$cpu.txt" | grep -qw bf16; then
+        fail "bf16 reported under -cpu $cpu"
+    fi
 
     step "python -m cyattn check under -cpu $cpu (variant $expected)"
     t0=$SECONDS

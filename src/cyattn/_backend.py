@@ -4,7 +4,8 @@ The baseline module (no -march) always loads and reports the CPU's features (CPU
 7, and XGETBV for the OS's support of YMM and ZMM state). On x86-64 the best of the
 AVX2+FMA+F16C (x86-64-v3), AVX-512 (F, VL, BW, DQ: x86-64-v4) and AVX-512 + AVX512-BF16
 (vdpbf16ps, for bfloat16 matmul_accumulate) modules that the CPU and OS support is loaded;
-on aarch64 the neon module (Advanced SIMD, in every aarch64 CPU).
+on aarch64 the neon module (Advanced SIMD, in every aarch64 CPU; Linux getauxval(AT_HWCAP /
+AT_HWCAP2) and macOS sysctl hw.optional.arm.FEAT_* also report FP16, BF16, I8MM and SVE).
 ``CYATTN_BACKEND=baseline|neon|avx2|avx512|avx512bf16`` forces one; forcing a variant this
 build lacks or this CPU cannot run raises ImportError with the reason. Nothing else imports a
 variant module directly: use ``kernels`` from here.
@@ -20,7 +21,7 @@ __all__ = ["kernels", "variant", "available_variants", "cpu_features", "load_var
 
 _FEATURE_BITS = {"sse2": 1, "avx": 2, "fma": 4, "avx2": 8, "os_ymm": 16, "avx512f": 32, "neon": 64,
                  "avx512bw": 128, "avx512dq": 256, "avx512vl": 512, "os_zmm": 1024, "f16c": 2048,
-                 "avx512bf16": 4096}
+                 "avx512bf16": 4096, "fp16": 8192, "bf16": 16384, "i8mm": 32768, "sve": 65536}
 # Best last within each architecture: a build holds either the x86-64 or the aarch64 ones.
 VARIANTS = ("baseline", "neon", "avx2", "avx512", "avx512bf16")
 _NEEDS = {"baseline": set(),
