@@ -134,7 +134,9 @@ def _extensions():
     variants = ["baseline"]
     if _target_is_x86_64():
         variants += ["avx2", "avx512", "avx512bf16"]
-    elif _target_is_aarch64():
+    elif _target_is_aarch64() and _env_flag("CYATTN_EXPERIMENTAL_NEON"):
+        # not built by default yet: under qemu 12 kernel tests still fail on bits (the unpacked
+        # and packed GEMM paths, and tile-size invariance, differ by an ulp); see issue 47
         variants += ["neon"]
     # macros of one variant: CYATTN_ISA_NEON turns on the NEON vocabulary (the baseline module
     # is compiled for the same architecture, so the flags alone cannot tell them apart)

@@ -26,6 +26,7 @@
 #   as the cross build imports the host's Cython and setuptools; the target is bookworm's 3.11);
 #   CYATTN_QEMU_FALLBACK_CPU (default cortex-a72); CYATTN_QEMU_PYTEST_MAX /
 #   CYATTN_QEMU_PYTEST_FALLBACK: pytest arguments of step 5 per CPU ("skip" skips them);
+#   CYATTN_EXPERIMENTAL_NEON=1 builds and tests the neon variant too (setup.py);
 #   CYATTN_QEMU_TIMEOUT (default 1500): seconds the whole check may take before it is stopped
 #   (timeout(1) per emulated command, each given what is left).
 # Exit status: 0 when every check passed, 1 otherwise (the failing step is named).
