@@ -14,7 +14,11 @@ The same Cython sources are compiled as
     Cooper Lake, Sapphire Rapids and later, Zen 4 and later), for the bf16 fast path of
     matmul_accumulate; gcc/clang only (MSVC has no flag that enables only AVX512-BF16
     intrinsics' code generation: there the variant compiles without them, its bf16 fast path
-    then runs the emulation).
+    then runs the emulation);
+  * cyattn._kernels_amx (x86-64 only; opt-in, CYATTN_BACKEND=amx, never the default until it
+    has run on an AMX CPU): the avx512bf16 flags + -mamx-tile -mamx-bf16 (Sapphire Rapids and
+    later), bf16 matmul_accumulate on tiles; where the compiler lacks the flags (MSVC, old
+    gcc/clang: probed) it compiles without them and cyattn._backend refuses to load it.
 cyattn._backend picks one at import time. No host-specific ISA flag (march=native) and no
 fast-math or Ofast: wheels must run on any CPU of their architecture and keep IEEE semantics.
 
@@ -74,13 +78,24 @@ class BuildExt(build_ext):
                 return False
         return True
 
+    def _compiles(self, cflags, code):
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "flag_probe.c")
+            with open(src, "w") as fh:
+                fh.write(code)
+            try:
+                self.compiler.compile([src], output_dir=tmp, extra_postargs=cflags)
+            except Exception:  # any compiler failure means: not supported
+                return False
+        return True
+
     def build_extensions(self):
         ctype = self.compiler.compiler_type
         if ctype == "msvc":
             base = ["/O2"]
             omp_c, omp_l = ["/openmp"], []
             isa = {"avx2": ["/arch:AVX2"], "avx512": ["/arch:AVX512"],
-                   "avx512bf16": ["/arch:AVX512"], "neon": []}
+                   "avx512bf16": ["/arch:AVX512"], "amx": ["/arch:AVX512"], "neon": []}
         else:
             base = ["-O3", "-fno-strict-aliasing"]
             if sys.platform == "darwin":
@@ -91,6 +106,11 @@ class BuildExt(build_ext):
                    "avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512vl", "-mavx512bw",
                               "-mavx512dq"]}
             isa["avx512bf16"] = isa["avx512"] + ["-mavx512bf16"]
+            amx = ["-mamx-tile", "-mamx-bf16"]
+            amx_probe = ("#include <immintrin.h>\nvoid f(void* p){_tile_loadd(0, p, 64);"
+                         "_tile_dpbf16ps(1, 0, 2);_tile_release();}\n")
+            isa["amx"] = isa["avx512bf16"] + (
+                amx if self._compiles(isa["avx512bf16"] + amx, amx_probe) else [])
             # Apple's clang targets armv8.x of its own CPUs by default: name the baseline
             isa["neon"] = ["-march=armv8-a"]
         use_omp = not _env_flag("CYATTN_NO_OPENMP") and self._compiles_and_links(omp_c, omp_l)
@@ -133,7 +153,7 @@ def _extensions():
 
     variants = ["baseline"]
     if _target_is_x86_64():
-        variants += ["avx2", "avx512", "avx512bf16"]
+        variants += ["avx2", "avx512", "avx512bf16", "amx"]
     elif _target_is_aarch64() and _env_flag("CYATTN_EXPERIMENTAL_NEON"):
         # not built by default yet: under qemu 12 kernel tests still fail on bits (the unpacked
         # and packed GEMM paths, and tile-size invariance, differ by an ulp); see issue 47

@@ -11,6 +11,7 @@
 """
 import numpy as np
 import pytest
+from conftest import bf16_gemm_bound
 
 import cyattn
 from cyattn import _backend
@@ -18,8 +19,6 @@ from cyattn import matmul as M
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
-U = 2.0 ** -24         # float32 unit roundoff
-TINY = 2.0 ** -126     # smallest normal float32
 HW = getattr(_backend.kernels, "BF16_DOT", False)
 needs_hw = pytest.mark.skipif(not HW, reason="the loaded kernels have no AVX512-BF16 "
                               "(vdpbf16ps): nothing to compare the emulation with")
@@ -140,13 +139,7 @@ def _gemm_f32(a, b, out, alpha=1.0, emulate=False, n_threads=1):
     return out
 
 
-def _bound(a, b, out0, alpha):
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    K = a.shape[-1]
-    mag = abs(alpha) * (np.abs(a64) @ np.abs(b64)) + np.abs(out0.astype(np.float64))
-    flush = abs(alpha) * TINY * (np.abs(a64).sum(-1)[..., :, None]
-                                 + np.abs(b64).sum(-2)[..., None, :] + K)
-    return (K + 2) * U * mag + flush
+_bound = bf16_gemm_bound
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1), (7, 9, 15), (33, 65, 17), (64, 31, 513),
@@ -287,7 +280,9 @@ def test_default_precision():
     for precision in (None, "fast", "exact"):
         outs[precision] = np.zeros((9, 8), BF16)
         cyattn.matmul_accumulate(a, b, outs[precision], precision=precision)
-    _same_bits(outs[None], outs["fast" if HW else "exact"])
+    # the default follows the CPU (issue 45: fast on AMD Zen 4+, exact on Intel; test_bf16_path)
+    fast = _backend.bf16_fast_by_default(_backend.kernels)
+    _same_bits(outs[None], outs["fast" if fast else "exact"])
 
 
 def test_precision_ignored_for_other_dtypes():
@@ -337,7 +332,8 @@ def test_bad_precision_raises(bad):
 
 def test_info_names_the_bf16_path():
     line = M.default_bf16_path()
-    assert ("vdpbf16ps" in line) == HW
+    assert ("vdpbf16ps" in line) and ("emulation" not in line) == HW
+    assert line.startswith("fast") == _backend.bf16_fast_by_default(_backend.kernels)
 
 
 def test_fast_equals_exact_on_fma_variants_without_subnormals(variant):

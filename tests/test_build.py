@@ -14,6 +14,7 @@
 
 The per-variant run of the kernel tests is the ``variant`` fixture in conftest.py.
 """
+import ast
 import importlib.util
 import os
 import platform
@@ -63,7 +64,7 @@ def _run(code, tmp_path, backend=None, extra_args=()):
 # ------------------------------------------------------------------------------------------
 
 @pytest.mark.skipif(not IS_X86_64, reason="x86-64 only")
-@pytest.mark.parametrize("name", ["avx2", "avx512", "avx512bf16"])
+@pytest.mark.parametrize("name", ["avx2", "avx512", "avx512bf16", "amx"])
 def test_x86_64_build_has_simd_variants(name):
     assert _built("baseline")
     assert _built(name), (
@@ -78,6 +79,7 @@ def test_x86_64_build_has_simd_variants(name):
 def test_other_builds_hold_only_the_baseline():
     assert _built("baseline")
     assert not _built("avx2") and not _built("avx512") and not _built("avx512bf16")
+    assert not _built("amx")
     # aarch64 builds may add the neon variant (CYATTN_EXPERIMENTAL_NEON=1), others nothing
 
 
@@ -96,6 +98,7 @@ def test_variant_modules_are_what_they_say():
             assert not module.BF16_DOT
         elif sys.platform != "win32":
             assert module.BF16_DOT
+        assert not module.AMX          # tiles only in the opt-in amx variant
     # Every variant is compiled with the same OpenMP setting.
     assert len({_backend.load_variant(n).openmp_enabled()
                 for n in _backend.available_variants()}) == 1
@@ -170,13 +173,14 @@ def test_forcing_an_unknown_variant_is_an_import_error(tmp_path, name):
     proc = _run("import cyattn", tmp_path, backend=name)
     assert proc.returncode != 0
     message = (f"ImportError: cyattn: unknown kernel variant {name.lower()!r}; "
-               "expected one of 'baseline', 'neon', 'avx2', 'avx512', 'avx512bf16'")
+               "expected one of 'baseline', 'neon', 'avx2', 'avx512', 'avx512bf16', 'amx'")
     assert message in proc.stderr, proc.stderr
 
 
 def test_load_variant_unknown_name():
     with pytest.raises(ImportError, match=r"unknown kernel variant 'sse9'; expected one of "
-                                          r"'baseline', 'neon', 'avx2', 'avx512', 'avx512bf16'"):
+                                          r"'baseline', 'neon', 'avx2', 'avx512', 'avx512bf16', "
+                                          r"'amx'"):
         _backend.load_variant("sse9")
 
 
@@ -193,6 +197,33 @@ def test_forcing_an_unrunnable_variant_is_an_import_error(tmp_path, name):
     proc = _run("import cyattn", tmp_path, backend=name)
     assert proc.returncode != 0
     assert f"ImportError: {why}" in proc.stderr, proc.stderr
+
+
+def test_amx_variant_is_opt_in(tmp_path):
+    """The amx variant is never the default; forcing it loads it only where CPUID, XCR0 and
+    Linux allow tiles, else an ImportError that names what is missing."""
+    assert "amx" not in _backend.available_variants()
+    if not _built("amx"):
+        pytest.skip("no amx variant in this build")
+    proc = _run(_PROBE, tmp_path, backend="amx")
+    if proc.returncode == 0:                  # an AMX host that grants the tile state
+        assert proc.stdout.split()[0] == "amx"
+        return
+    assert "ImportError: cyattn:" in proc.stderr, proc.stderr
+    # The child may run on another CPU than this process (qemu_baseline_check runs the suite
+    # under an emulated pre-AVX CPU, where it lacks far more than the tiles), so the test asks
+    # only that every tile feature this CPU lacks is among those the message names.
+    missing = sorted({"amx_bf16", "amx_tile", "os_tile"} - set(_backend.cpu_features()))
+    if missing:
+        named = re.search(r"cannot run the 'amx' kernel variant .*amx also needs (\[[^\]]*\])",
+                          proc.stderr)
+        assert named, proc.stderr
+        assert set(missing) <= set(ast.literal_eval(named.group(1))), proc.stderr
+    else:
+        assert "Linux refused the tile data state" in proc.stderr, proc.stderr
+    info = subprocess.run([sys.executable, "-m", "cyattn", "info"], cwd=tmp_path,
+                          env=_child_env(None), capture_output=True, text=True, timeout=120)
+    assert re.search(r"^amx:\s+unavailable: ", info.stdout, re.M), info.stdout
 
 
 # ------------------------------------------------------------------------------------------

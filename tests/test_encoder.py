@@ -206,7 +206,8 @@ def test_missing_folder(tmp_path):
 
 
 @pytest.mark.parametrize("change, match", [
-    ({"model_type": "roberta", "architectures": ["RobertaModel"]}, "'roberta'.*RobertaModel"),
+    ({"model_type": "deberta-v2", "architectures": ["DebertaV2Model"]},
+     "'deberta-v2'.*DebertaV2Model"),
     ({"model_type": "distilbert"}, "'distilbert'"),
     ({"hidden_act": "relu"}, "hidden_act 'relu'"),
     ({"position_embedding_type": "relative_key"}, "position_embedding_type"),
@@ -231,8 +232,8 @@ def test_unsupported_module_and_pooling(enc, tmp_path):
     (d / "modules.json").write_text(json.dumps(modules))
     pool = json.loads((d / "1_Pooling" / "config.json").read_text())
     (d / "1_Pooling" / "config.json").write_text(json.dumps(
-        dict(pool, pooling_mode_lasttoken=True)))
-    with pytest.raises(ValueError, match="lasttoken"):
+        dict(pool, pooling_mode_weightedmean_tokens=True)))
+    with pytest.raises(ValueError, match="weightedmean"):
         cyattn.encoder.load(d)
 
 

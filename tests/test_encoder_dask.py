@@ -206,6 +206,28 @@ def test_bad_jobs_leave_nothing_at_the_destination(client, dataset, tmp_path):
     assert sorted(p.name for p in nonempty.iterdir()) == ["keep.txt"]
 
 
+def test_other_families_on_the_cluster(client, dataset, tmp_path):
+    """Any family cyattn.encoder loads runs on the workers (issue 48): a seeded tiny
+    ModernBERT (rotary, sliding window) and Qwen3 (causal, GQA, last token) saved in tmp give
+    the bits of the same partitions embedded in this process."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("sentence_transformers")
+    import tiny_models
+    src, df = dataset
+    ddf = dd.read_parquet(src)
+    for family, pooling in (("modernbert", "mean"), ("qwen3", "lasttoken")):
+        tiny_models.save_model(tmp_path / family / "hf", family, seed=2)
+        tiny_models.sentence_transformer(tmp_path / family / "hf", tmp_path / family / "st",
+                                         pooling=pooling)
+        job = embed_dataframe(ddf, text_column="text", id_column="id",
+                              model=tmp_path / family / "st", batch_size=8)
+        got, want = job.compute(), job.compute(scheduler="sync")
+        assert got["id"].tolist() == df["id"].tolist()
+        np.testing.assert_array_equal(np.stack(got["embedding"].to_list()),
+                                      np.stack(want["embedding"].to_list()))
+
+
 def test_worker_killed_in_the_middle_of_a_job(client, tmp_path):
     """SIGKILL one worker process once the first partition file is written: Dask reruns its
     tasks elsewhere (the nanny restarts the worker) and the output still has every id once,

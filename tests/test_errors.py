@@ -433,8 +433,10 @@ def test_sdpa_bad_causal_alignment(align):
                    is_causal=True, causal_alignment=align, out=fresh_out((3, 2)))
 
 
+@pytest.mark.allocation_refusal("about 2.25 TiB of scratch in this process")
 def test_sdpa_memory_error_names_the_function():
-    # E = 2**31 + 1 on zero-stride views: the packed query panel alone would need ~275 GB.
+    # E = 2**31 + 1 on zero-stride views: the per-thread scratch (packed query panel and key
+    # block, about 2.25 TiB) cannot be allocated.
     # (Not through raises_cleanly: its snapshot would copy the 24 GiB views; they are
     # read-only broadcasts, so the call cannot modify them anyway.)
     bt = np.broadcast_to

@@ -20,7 +20,8 @@ FUZZ_DIR = pathlib.Path(__file__).resolve().parents[1] / "fuzz"
 CORPUS = sorted((FUZZ_DIR / "corpus").glob("*")) if (FUZZ_DIR / "corpus").is_dir() else []
 
 # Corpus inputs named known-bug-* reproduce cyattn bugs the fuzzer found (byte-swapped float
-# masks rejected, a NumPy warning from summing MHA masks): fixed, and kept as regression inputs.
+# masks rejected, a NumPy warning from summing MHA masks, issue 49's NaN sink on rows with no
+# permitted key given output 0): fixed, and kept as regression inputs.
 KNOWN_FAILURES = {}
 
 

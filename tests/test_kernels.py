@@ -834,6 +834,45 @@ def test_softmax_pipelined_runs_match_the_general_path_bits(variant, n_threads, 
 
 
 @softmax_fns
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_softmax_streamed_rows_match_the_pipelined_rows_bits(variant, n_threads, log):
+    # An output of at least softmax_stream_min_bytes() (half the last-level cache) is written
+    # by non-temporal stores from a scratch row (cyattn_softmax_rows_f32_nt): the stores only
+    # differ, so the bits must be those of the ordinary pipelined rows. stream_min (0: always
+    # stream, huge: never) takes either path on small arrays; outputs at every alignment of
+    # the vector stores (an offset of 1-15 floats), declined rows (NaN, +inf, a score more than
+    # 87 below the maximum, all -inf) between streamed ones, in place or not, and the public
+    # call above the host's threshold.
+    kern = cyattn._backend.kernels
+    assert kern.softmax_stream_min_bytes() > 0
+    rng = np.random.default_rng(46)
+    for rows, n in ((1, 32), (5, 33), (9, 100), (13, 512), (4, 2053)):
+        x = (rng.standard_normal((rows, n)) * 4).astype(np.float32)
+        if rows > 4:
+            x[1, 0], x[2, n - 1], x[3, 1], x[4, :] = np.nan, np.inf, -200.0, -np.inf
+        for off in (0, 1, 7, 15):
+            ref = np.empty_like(x)
+            kern.softmax_rows(x, ref, None, None, 0, 0, 0, 0, log, n_threads, 1 << 62)
+            got = np.empty(x.size + off, np.float32)[off:].reshape(x.shape)
+            kern.softmax_rows(x, got, None, None, 0, 0, 0, 0, log, n_threads, 0)
+            np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+            fast = np.empty(x.size + off, np.float32)[off:].reshape(x.shape)
+            if off == 0:
+                assert kern.softmax_fast(x, fast, log, n_threads, np.empty, 0) is fast
+                np.testing.assert_array_equal(fast.view(np.uint32), ref.view(np.uint32))
+        inplace = x.copy()
+        kern.softmax_rows(inplace, inplace, None, None, 0, 0, 0, 0, log, n_threads, 0)
+        np.testing.assert_array_equal(inplace.view(np.uint32), ref.view(np.uint32))
+    if kern.softmax_stream_min_bytes() > 1 << 30:       # the variant never streams by rule
+        return
+    rows = kern.softmax_stream_min_bytes() // (4 * 256) + 1     # past the host's threshold
+    x = rng.standard_normal((rows, 256)).astype(np.float32)
+    ref = np.empty_like(x)
+    kern.softmax_rows(x, ref, None, None, 0, 0, 0, 0, log, n_threads, 1 << 62)
+    np.testing.assert_array_equal(_sm(log)(x).view(np.uint32), ref.view(np.uint32))
+
+
+@softmax_fns
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 def test_softmax_out_written_directly(variant, dtype, log, monkeypatch):
     # A C-contiguous out of the compute dtype (float16 is computed in float32, so it is
@@ -933,6 +972,45 @@ def test_softmax_fast_path_declines_other_inputs(variant, log):
     with pytest.raises(ValueError, match="out"):
         _sm(log)(x, out=ro)
     assert (ro == 3.0).all()
+
+
+@native_dtypes
+def test_matmul_tiny_calls_take_the_kernel_directly(variant, dtype, monkeypatch):
+    # A call with default options on ndarrays and a finite float alpha goes straight to
+    # matmul_fast with n_threads 0 (the default count), which takes a product that runs on one
+    # thread anyway and declines a larger one; either way the result is the general path's,
+    # bit for bit, and whatever is declined (other dtypes, layouts, an overlapping out,
+    # options) reaches the general path with its errors.
+    module = importlib.import_module("cyattn.matmul")
+    rng = np.random.default_rng(46)
+    seen = []
+    real = _backend.kernels.matmul_fast
+
+    def spy(a, b, out, alpha, n_threads):
+        seen.append(n_threads)
+        return real(a, b, out, alpha, n_threads)
+
+    monkeypatch.setattr(_backend.kernels, "matmul_fast", spy)
+    for n in (1, 16, 32, 64, 65, 130):
+        a, b, c = (rng.standard_normal((n, n)).astype(dtype) for _ in range(3))
+        seen.clear()
+        got = c.copy()
+        assert cyattn.matmul_accumulate(a, b, got, alpha=0.5) is got
+        assert seen[0] == 0 and (len(seen) == 1) == (n * n * n < 2 << 18)
+        with monkeypatch.context() as m:
+            m.setattr(module, "_fast_call", lambda *args: False)
+            ref = c.copy()
+            module._matmul(a, b, ref, 0.5, None, None)
+        np.testing.assert_array_equal(got, ref)
+    a = rng.standard_normal((16, 16)).astype(dtype)
+    with pytest.raises(ValueError, match="out"):
+        cyattn.matmul_accumulate(a, a, np.zeros((16, 15), dtype))
+    with pytest.raises(ValueError, match="precision"):
+        cyattn.matmul_accumulate(a, a, np.zeros((16, 16), dtype), precision="exactly")
+    with pytest.raises(ValueError, match="n_threads"):
+        cyattn.matmul_accumulate(a, a, np.zeros((16, 16), dtype), n_threads=0)
+    with pytest.raises(TypeError):
+        cyattn.matmul_accumulate(a, a, np.zeros((16, 16), dtype), alpha="1")
 
 
 def _sdpa_both_paths(monkeypatch, q, k, v, mask, out=None, **kw):

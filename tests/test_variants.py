@@ -566,6 +566,71 @@ def test_sinks_of_minus_and_plus_infinity(variant, path):
         assert np.isnan(nan[0]).all() and np.isnan(nan[1]).all()
 
 
+# Routes of a call with rows that no key is permitted for (bottom-right causal with L > S):
+# (Hq, Hk, L, S, compute dtype, extra arguments); "kv8" stores K/V as int8 with scales.
+_NO_KEY_ROUTES = {
+    "decode": (3, 3, 9, 5, np.float32, {}),            # issue 49's fuzz input (shapes)
+    "decode_grouped": (4, 2, 9, 5, np.float32, {"enable_gqa": True}),
+    "fused": (3, 3, 150, 60, np.float32, {}),
+    "fused_f64": (3, 3, 40, 17, np.float64, {}),
+    "no_keys": (3, 3, 4, 0, np.float32, {}),
+    "bf16_fast": (3, 3, 70, 40, "bfloat16", {"precision": "fast"}),
+    "kv8": (4, 2, 9, 5, "kv8", {"enable_gqa": True}),
+    "query_lengths": (3, 3, 9, 5, np.float32, {"query_lengths": np.array([7, 7, 6])}),
+}
+
+
+@needs_variants
+@pytest.mark.parametrize("route", sorted(_NO_KEY_ROUTES))
+def test_nan_sink_makes_rows_without_a_permitted_key_nan(variant, route):
+    """Issue 49 (a fuzz find): the sink takes part in every row's denominator and a NaN taking
+    part makes the row NaN, so a NaN sink gives output NaN and lse NaN on every row of its
+    head, also on the rows with no permitted key (the kernels gave output 0 there). A finite
+    sink keeps such a row at output 0 and lse = the sink; rows past ``query_lengths`` stay 0
+    and ``-inf``. The same bits for 1 and 3 threads; attention_weights agrees."""
+    Hq, Hk, L, S, dtype, extra = _NO_KEY_ROUTES[route]
+    rng = np.random.default_rng(49)
+    q = rng.standard_normal((1, Hq, L, 2)).astype(np.float32)
+    k = rng.standard_normal((1, Hk, S, 2)).astype(np.float32)
+    v = rng.standard_normal((1, Hk, S, 3)).astype(np.float32)
+    sinks = np.array([[-1.3125, 5.0, NAN, NAN][:Hq]], np.float32)
+    kw = dict(is_causal=True, causal_alignment="bottom_right", sinks=sinks, **extra)
+    if dtype == "kv8":
+        k, v = np.round(k * 8).astype(np.int8), np.round(v * 8).astype(np.int8)
+        kw.update(key_scale=np.float32(0.125), value_scale=np.float32(0.125))
+    elif dtype == "bfloat16":
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        q, k, v = (t.astype(ml_dtypes.bfloat16) for t in (q, k, v))
+    else:
+        q, k, v = (t.astype(dtype) for t in (q, k, v))
+    runs = [cyattn.scaled_dot_product_attention(q, k, v, return_lse=True, n_threads=n, **kw)
+            for n in (1, 3)]
+    for got in runs[1:]:
+        for a, b in zip(got, runs[0]):
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), route
+    out, lse = (np.asarray(t, np.float64) for t in runs[0])
+    live = np.broadcast_to(np.asarray(extra.get("query_lengths", L)), (Hq,))
+    for h in range(Hq):
+        rows, past = np.s_[0, h, :live[h]], np.s_[0, h, live[h]:]
+        assert (out[past] == 0).all() and (lse[past] == -INF).all(), (route, h)
+        if np.isnan(sinks[0, h]):
+            assert np.isnan(out[rows]).all() and np.isnan(lse[rows]).all(), (route, h)
+            continue
+        no_key = np.arange(live[h]) < live[h] - S    # p(i) = i + S - L_b < 0: no key
+        assert no_key.any() and (out[rows][no_key] == 0).all(), (route, h)
+        assert (lse[rows][no_key] == np.float32(sinks[0, h])).all(), (route, h)
+        assert np.isfinite(out[rows]).all() and np.isfinite(lse[rows]).all(), (route, h)
+    if dtype in (np.float32, np.float64) and Hq == Hk:
+        weights = cyattn.attention_weights(q, k, **kw)
+        assert S == 0 or np.array_equal(np.isnan(weights).any(axis=-1), np.isnan(lse)), route
+        ref = oracle.scaled_dot_product_attention(
+            q.tolist(), k.tolist(), v.tolist(), return_lse=True, value_dim=3,
+            **{**kw, "sinks": sinks.tolist(),
+               **({"query_lengths": extra["query_lengths"].tolist()} if extra else {})})
+        assert_same((out, lse), tuple(np.asarray(t, np.float64) for t in ref), dtype, 2,
+                    err_msg=route)
+
+
 @needs_variants
 @pytest.mark.parametrize("alignment", ALIGNMENTS)
 @pytest.mark.parametrize("path", EDGE_PATHS)

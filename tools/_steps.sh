@@ -112,7 +112,7 @@ pip_install_wheel() {
 # vpy's venv.
 show_versions() {
     "$vpy" -m pip list --disable-pip-version-check --format=freeze 2>/dev/null |
-        grep -E -i "^(cyattn|numpy|torch|pytest|hypothesis|threadpoolctl)==" || true
+        grep -E -i "^(cyattn|numpy|torch|pytest|hypothesis|threadpoolctl|ml.dtypes)==" || true
 }
 
 # enter_tests_copy TESTS RUN: cd into a new folder RUN that holds only a copy of the folder

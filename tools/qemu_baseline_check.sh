@@ -219,6 +219,10 @@ skip_suites="$skip_suites --ignore=tests/test_weights.py"
 # code on every variant: matmul and attention) also run natively.
 skip_suites="$skip_suites --ignore=tests/test_decode_grouped.py --ignore=tests/test_bf16_fast.py"
 skip_suites="$skip_suites --ignore=tests/test_kv8.py --ignore=tests/test_bf16_attention_fast.py"
+# The AMX tiles' model (GEMM and attention through the portable tile model, every variant) and
+# the encoder families (torch references) run natively too.
+skip_suites="$skip_suites --ignore=tests/test_amx_model.py --ignore=tests/test_amx_attention.py"
+skip_suites="$skip_suites --ignore=tests/test_encoder_families.py --ignore=tests/test_encoder_rerank.py"
 [ -n "$pytest_args" ] || pytest_args="-m 'not slow' tests $skip_suites"
 if [ "$pytest_args" != skip ]; then
     step "test suite under -cpu $cpu: pytest $pytest_args"

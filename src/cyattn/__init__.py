@@ -34,10 +34,12 @@ def config():
     ``default_threads`` (what ``n_threads=None`` uses now), ``cpu_count``, ``bf16_matmul``
     (which path a bfloat16 :func:`matmul_accumulate` takes by default, and what
     ``precision="fast"`` runs) and ``bf16_attention`` (the same for
-    :func:`scaled_dot_product_attention`).
+    :func:`scaled_dot_product_attention`), each with the reason of the rule that chose it
+    (``cyattn._backend.bf16_path``: keyed on CPUID's vendor, family and features), and
+    ``amx`` (whether the opt-in AMX variant can load here, and why not).
     """
     import os
-    from ._backend import available_variants
+    from ._backend import amx_status, available_variants
     from .attention import default_bf16_path as attention_bf16_path
     from .matmul import default_bf16_path
     return {
@@ -50,6 +52,7 @@ def config():
         "cpu_count": os.cpu_count(),
         "bf16_matmul": default_bf16_path(),
         "bf16_attention": attention_bf16_path(),
+        "amx": amx_status(),
     }
 
 

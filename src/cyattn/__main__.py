@@ -17,6 +17,9 @@ Subcommands::
     embed [INPUT] -o OUT.npy|OUT.parquet
                                       sentence embeddings of a text file, stdin or a Parquet
                                       column (cyattn.encoder; pip install 'cyattn[encoder]')
+    rerank --model DIR --query Q [INPUT] [--top-k K] [-o OUT.jsonl]
+                                      passages ranked by a cross-encoder's score with Q
+                                      (cyattn.encoder.load_reranker), JSON lines
 
 Without a subcommand: info, the 3-score example, check, and a short bench (``--quick`` makes
 the bench tiny). The pieces live in :mod:`cyattn._selfcheck` and :mod:`cyattn._bench`.
@@ -50,7 +53,7 @@ def build_parser():
                         help="without a subcommand: run a tiny bench (a few seconds)")
     parser.add_argument("--threads", type=positive_int_arg, default=1,
                         help="without a subcommand: threads for the bench (default 1)")
-    sub = parser.add_subparsers(dest="command", metavar="{info,check,bench,plot,embed}")
+    sub = parser.add_subparsers(dest="command", metavar="{info,check,bench,plot,embed,rerank}")
     info = sub.add_parser("info", help="version, kernel variant, CPU features, OpenMP, threads")
     info.add_argument("--plan", action="store_true",
                       help="print how the kernels and the sentence encoder split the bench's "
@@ -89,7 +92,10 @@ def build_parser():
                            "bottom-right, padding, window, a fully masked row) to this file")
     _embed_cli.add_arguments(sub.add_parser(
         "embed", help="sentence embeddings of a text file, stdin or a Parquet column",
-        description=_embed_cli.__doc__.split("\n\n", 1)[1]))
+        description=_embed_cli.__doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]))
+    _embed_cli.add_rerank_arguments(sub.add_parser(
+        "rerank", help="passages ranked by a cross-encoder's score with a query",
+        description=_embed_cli.__doc__.rsplit("\n\n", 1)[1]))
     return parser
 
 
@@ -121,6 +127,7 @@ def cmd_info():
         ("cpu_count", cfg["cpu_count"]),
         ("bf16_matmul", cfg["bf16_matmul"]),
         ("bf16_attention", cfg["bf16_attention"]),
+        ("amx", cfg["amx"]),
         ("python", sys.version.split()[0]),
         ("numpy", np.__version__),
     ]
@@ -207,6 +214,8 @@ def main(argv=None):
         return cmd_plot(args.demo)
     if args.command == "embed":
         return _embed_cli.run(args)
+    if args.command == "rerank":
+        return _embed_cli.run_rerank(args)
     if args.command == "bench":
         if args.full:
             return cmd_bench_full(parser, args, argv)

@@ -135,17 +135,6 @@ class Inputs:
             arrays.append(arr)
         return cls(arrays[0], arrays[1], tuple(codes), tuple(scales))
 
-    def stand_ins(self, fname, dtype):
-        """(key, value) for the shape and dtype checks: an 8-bit one as a zero-stride view of
-        ``dtype`` (8-bit arrays do not take part in promotion), a float one as its array."""
-        from . import _validate as V
-        out = []
-        for arr, code, name in ((self.key, self.codes[0], "key"),
-                                (self.value, self.codes[1], "value")):
-            out.append(np.broadcast_to(np.zeros((), dtype), arr.shape) if code
-                       else V.as_float_array(arr, name, fname))
-        return tuple(out)
-
     def real_arrays(self):
         """The key and value as given (for the overlap checks against ``out``)."""
         return self.key, self.value

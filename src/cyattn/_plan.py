@@ -15,8 +15,8 @@ read from the compiled module, :func:`constants`):
   ...; a task costs its rows' visible keys times E + Ev. A few query rows (L <= DECODE_MAX_L,
   more than DECODE_UNGROUPED_MAX_L only against S >= L GDECODE_KEYS_PER_ROW keys) take the
   decode path (``decode_dispatch``): with one query head per K/V head, at most
-  DECODE_UNGROUPED_MAX_L rows and no 8-bit K/V, (batch entry, chunk of DECODE_CHUNK keys) tasks in contiguous
-  static blocks (``_attention_decode.pxi``); else the grouped decode
+  DECODE_UNGROUPED_MAX_L rows and no 8-bit K/V, (batch entry, chunk of DECODE_CHUNK keys) tasks
+  in contiguous static blocks (``_attention_decode.pxi``); else the grouped decode
   (``_attention_decode_grouped.pxi``): (K/V head, block of up to GDECODE_MAX_ROWS // L of its
   ``group`` query heads, chunk) tasks, the chunk GDECODE_CHUNK keys halved down to
   GDECODE_MIN_CHUNK while there are fewer than GDECODE_MIN_TASKS tasks. At most

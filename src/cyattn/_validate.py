@@ -508,6 +508,93 @@ def attention_batch_shape(fname, enable_gqa, query, **others):
     return outer + (hq,), hq // kv_heads[0]
 
 
+class AttentionCall:
+    """An attention call after its one validation pass (:func:`describe_attention`): the
+    checked arrays, shapes, dtypes and options that the kernel paths take. Below this tier
+    nothing is validated again.
+
+    ``query``, ``key`` and ``value`` are float arrays (an 8-bit key or value is a zero-stride
+    stand-in of the compute dtype: its data and scales are in ``kv8``); ``batch`` is the
+    broadcast batch shape and ``group`` the GQA head group; ``mask_kind`` is 0 (none), 1
+    (bool, True = take part) or 2 (float, added), ``mask`` the mask broadcast to
+    ``batch + (L, S)`` (None without) and ``attn_mask`` the caller's (for the overlap checks
+    against ``out``); ``variants`` an :class:`AttentionVariants`; ``out``
+    the caller's checked ``out`` or None; ``n_threads`` the resolved thread count."""
+
+    __slots__ = ("fname", "query", "key", "value", "kv8", "batch", "group", "L", "S", "E", "Ev",
+                 "compute", "result", "scale", "is_causal", "bottom_right", "enable_gqa",
+                 "return_lse", "attn_mask", "mask_kind", "mask", "variants", "out", "n_threads")
+
+
+def describe_attention(fname, query, key, value, attn_mask, is_causal, scale, causal_alignment,
+                       enable_gqa, out, n_threads, *, return_lse=False, window=None,
+                       softcap=None, sinks=None, alibi_slopes=None, key_lengths=None,
+                       query_lengths=None, key_scale=None, value_scale=None):
+    """Validate an attention call once and describe it (:class:`AttentionCall`).
+
+    ``value=None`` describes an :func:`cyattn.attention_weights` call (no value: the result is
+    ``batch + (L, S)``); otherwise the result is ``batch + (L, Ev)``, and an 8-bit (int8 or
+    float8_e4m3fn) key or value with its scales is checked by :mod:`cyattn._kv8`. The checks
+    run in the order the messages were always produced in: 8-bit K/V scales, dtypes, flags,
+    alignment, ranks, E, S, batch/GQA, promotion, scale, mask, variants, ``out``, threads.
+    Raises the TypeError / ValueError of the first rule broken (each rule's function above)."""
+    from . import _kv8
+    c = AttentionCall()
+    c.fname = f = fname
+    c.kv8 = kv8 = (_kv8.Inputs.of(f, key, value, key_scale, value_scale)
+                   if value is not None else None)
+    if kv8 is not None:
+        query = as_float_array(query, "query", f)
+        key, value = (np.broadcast_to(np.zeros((), query.dtype), arr.shape) if code
+                      else as_float_array(arr, name, f)
+                      for arr, code, name in ((kv8.key, kv8.codes[0], "key"),
+                                              (kv8.value, kv8.codes[1], "value")))
+    elif value is None:
+        query, key = as_float_arrays(f, query=query, key=key)
+    else:
+        query, key, value = as_float_arrays(f, query=query, key=key, value=value)
+    if value is None:
+        c.is_causal, c.enable_gqa = check_bools(f, is_causal=is_causal, enable_gqa=enable_gqa)
+        c.return_lse = False
+    else:
+        c.is_causal, c.enable_gqa, c.return_lse = check_bools(
+            f, is_causal=is_causal, enable_gqa=enable_gqa, return_lse=return_lse)
+    check_alignment(causal_alignment, f)
+    c.bottom_right = causal_alignment == "bottom_right"
+    if value is None:
+        require_matrices(f, "..., length, dim", query=query, key=key)
+    else:
+        require_matrices(f, "..., length, dim", query=query, key=key, value=value)
+    c.L, c.E, c.S = L, E, S = query_key_dims(f, query, key)
+    if value is None:
+        c.Ev = None
+        c.batch, c.group = attention_batch_shape(f, c.enable_gqa, query, key=key)
+        c.compute, c.result = float_dtypes(query, key)
+    else:
+        Sv, c.Ev = value.shape[-2:]
+        if Sv != S:
+            raise ValueError(f"{f}: key has S={S} rows (shape {key.shape}) but value has {Sv} "
+                             f"(shape {value.shape}); expected equal")
+        c.batch, c.group = attention_batch_shape(f, c.enable_gqa, query, key=key, value=value)
+        c.compute, c.result = float_dtypes(query, key, value)
+    c.query, c.key, c.value = query, key, value
+    if scale is None:
+        c.scale = 1.0 / math.sqrt(E) if E > 0 else 1.0
+    else:
+        c.scale = check_real(scale, "scale", f)
+    c.attn_mask = attn_mask
+    c.mask_kind, mask = prepare_mask(attn_mask, "attn_mask", f, c.compute)
+    c.mask = broadcast_mask(mask, c.batch + (L, S), "attn_mask", f) if c.mask_kind else None
+    c.variants = AttentionVariants(f, c.batch, L, S, c.compute, window=window, softcap=softcap,
+                                   key_lengths=key_lengths, query_lengths=query_lengths,
+                                   alibi_slopes=alibi_slopes, sinks=sinks)
+    if out is not None:
+        check_out(out, c.batch + (L, S if value is None else c.Ev), c.result, f)
+    c.out = out
+    c.n_threads = resolve_threads(n_threads, f)
+    return c
+
+
 def positive_int_arg(text):
     """argparse type of the command line's counts (``--threads``, ``--cases``, ...)."""
     import argparse

@@ -21,12 +21,23 @@ _STORAGE = {1: _UINT16, 2: _UINT16, _kv8.KV8_I8: np.dtype(np.uint8),
 
 def default_bf16_path():
     """One line for ``python -m cyattn info``: which path bfloat16 attention takes by default
-    with the loaded kernels."""
-    if getattr(_backend.kernels, "BF16_DOT", False):
-        return ("fast (vdpbf16ps, P rounded to bf16) for prefill (L > 16) by default, decode "
-                "exact; precision='exact': float32 FMAs")
-    return ("exact (float32 FMAs) by default; precision='fast': portable emulation of "
-            "vdpbf16ps for prefill (no AVX512-BF16 in this CPU or kernel variant)")
+    with the loaded kernels, and why (_backend.bf16_path's reason)."""
+    path, why = _backend.default_bf16_path()
+    if path == "amx":
+        return (f"fast on AMX tiles (tdpbf16ps, P rounded to bf16) for prefill (L > 16) by "
+                f"default, decode exact [{why}]; precision='exact': float32 FMAs")
+    if path == "fast":
+        return (f"fast (vdpbf16ps, P rounded to bf16) for prefill (L > 16) by default, decode "
+                f"exact [{why}]; precision='exact': float32 FMAs")
+    fast = ("vdpbf16ps" if getattr(_backend.kernels, "BF16_DOT", False)
+            else "portable emulation of vdpbf16ps")
+    return f"exact (float32 FMAs) by default [{why}]; precision='fast': {fast} for prefill"
+
+
+def _on_tiles(emulate):
+    """Whether the bf16 fast path runs on AMX tiles: the amx variant's instructions (unless
+    ``emulate`` asks for the vdpbf16ps emulation), or the tiles' model (``emulate="amx"``)."""
+    return emulate == "amx" or (emulate is False and getattr(_backend.kernels, "AMX", False))
 
 
 def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment, return_lse,
@@ -62,6 +73,8 @@ def _fast_call(query, key, value, attn_mask, is_causal, scale, causal_alignment,
     if query.dtype.itemsize == 2:
         if precision is None:
             precision = _resolve_precision(None, _FNAME)
+        if precision == "fast" and _on_tiles(emulate):
+            return None             # the tile path runs from the general path only
         return _fast_half_call(query, key, value, attn_mask, is_causal, scale, bottom_right,
                                return_lse, enable_gqa, out, n_threads, precision, emulate)
     res = _backend.kernels.attention_fast(query, key, value, attn_mask, out, scale, is_causal,
@@ -194,7 +207,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         (gpt-oss attention sinks, ONNX Runtime's ``head_sink``, ggml's ``add_sinks``): the
         weights sum to ``1 - exp(sink - lse)``. The lse includes it; a row with no permitted
         key gives output 0 and lse equal to the sink; ``-inf`` has no effect; ``+inf`` takes
-        all the weight (output 0, lse ``+inf``).
+        all the weight (output 0, lse ``+inf``). A NaN sink takes part in every row's
+        denominator, so it makes every row NaN (output and lse), also a row with no permitted
+        key. Rows past ``query_lengths`` give output 0 and lse ``-inf`` whatever the sink.
     alibi_slopes : array_like of float, keyword-only, optional
         Per-head ALiBi slopes (broadcastable to the batch shape): ``-slope * |p(i) - j|`` is
         added to the scaled (and capped) scores (Press et al. 2022, flash-attn's definition).
@@ -217,7 +232,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         is refused, so that its rounding stays the caller's choice); a Python or NumPy
         scalar, or a list of Python numbers, is rounded to float32; every scale must be
         finite (0 and negative values are allowed). A non-contiguous or misaligned scale
-        array is copied (its size is ``1 / E`` of its cache's elements). vLLM's ``kv_cache_dtype="fp8"`` is float8_e4m3fn
+        array is copied (its size is ``1 / E`` of its cache's elements). vLLM's
+        ``kv_cache_dtype="fp8"`` is float8_e4m3fn
         with a per-tensor scale (``k_scale``); llama.cpp's ``q8_0`` is int8 with one scale
         per 32 elements, a per-token scale only when E = 32 (see the README).
     precision : {None, "exact", "fast"}, keyword-only, optional
@@ -227,13 +243,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         products (AVX512-BF16 ``vdpbf16ps``; on a CPU or build without them, a portable
         emulation with the same semantics, slower than ``"exact"``), with the weights ``P``
         rounded to bfloat16 before ``P V`` (as PyTorch's CPU flash attention does): see
-        Notes for the contract and its error bound. None (default), as for
-        :func:`cyattn.matmul_accumulate`: ``"fast"`` where the loaded kernels have the
-        instruction (``python -m cyattn info``), else ``"exact"``. Why: where the instruction
-        exists the fast path runs bf16 prefill at 1.5-1.8x the float32 call's rate (Zen 5, 1
-        thread), and its error (the bf16 rounding of P, 2^-8 relative) is of the size of the
-        bf16 rounding of the result that either path makes; where it does not, the emulation
-        would only be slower.
+        Notes for the contract and its error bound. In the opt-in ``amx`` variant
+        (``CYATTN_BACKEND=amx``) both products run on AMX tiles (``tdpbf16ps``; the same
+        contract, the tiles' order of the sums). None (default): ``"fast"`` where the
+        loaded kernels have tiles (the ``amx`` variant) or the instruction and the CPU runs
+        it faster than widening (AMD Zen 4 and later), else ``"exact"`` (Intel, where
+        ``vdpbf16ps`` runs at half the float32 FMA rate; CPUs without it): a rule on CPUID's
+        vendor, family and features, never a timing
+        (``python -m cyattn info`` prints the path and why). Why: on Zen 5 the fast path
+        runs bf16 prefill at 1.5-1.8x the float32 call's rate (1 thread), and its error (the
+        bf16 rounding of P, 2^-8 relative) is of the size of the bf16 rounding of the result
+        that either path makes; on Intel or through the emulation it would only be slower.
         With at most 16 query rows (decode, memory-bound), E = 0, Ev = 0 or S = 0, and for a
         call whose fast result has a non-finite row (inf/NaN inputs, overflow), the exact path
         runs instead.
@@ -389,6 +409,8 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
     """scaled_dot_product_attention; ``emulate`` runs the bf16 fast path's emulation even
     where the kernels have the instruction (for the tests that compare the two bit for
     bit); ``fast_tried``: the caller has tried the low-overhead path."""
+    if emulate not in (False, True, "amx"):
+        raise ValueError(f"{_FNAME}: emulate must be False, True or 'amx', got {emulate!r}")
     precision = _resolve_precision(precision, _FNAME)
     if (not fast_tried and window is None and softcap is None and sinks is None
             and alibi_slopes is None and key_lengths is None and query_lengths is None
@@ -397,38 +419,23 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
                           return_lse, enable_gqa, out, n_threads, precision, emulate)
         if fast is not None:
             return fast
-    f = _FNAME
-    kv8 = _kv8.Inputs.of(f, key, value, key_scale, value_scale)   # 8-bit K/V, or None
-    if kv8 is not None:
-        query = V.as_float_array(query, "query", f)
-        key, value = kv8.stand_ins(f, query.dtype)    # checks and promotion; never read
-    query, key, value = V.as_float_arrays(f, query=query, key=key, value=value)
-    is_causal, enable_gqa, return_lse = V.check_bools(
-        f, is_causal=is_causal, enable_gqa=enable_gqa, return_lse=return_lse)
-    V.check_alignment(causal_alignment, f)
-    V.require_matrices(f, "..., length, dim", query=query, key=key, value=value)
-    L, E, S = V.query_key_dims(f, query, key)
-    Sv, Ev = value.shape[-2:]
-    if Sv != S:
-        raise ValueError(f"{f}: key has S={S} rows (shape {key.shape}) but value has {Sv} "
-                         f"(shape {value.shape}); expected equal")
-    batch, group = V.attention_batch_shape(f, enable_gqa, query, key=key, value=value)
-    compute, result = V.float_dtypes(query, key, value)
-    if scale is None:
-        scale = 1.0 / math.sqrt(E) if E > 0 else 1.0
-    else:
-        scale = V.check_real(scale, "scale", f)
-    kind, mask = V.prepare_mask(attn_mask, "attn_mask", f, compute)
-    if kind:
-        mask = V.broadcast_mask(mask, batch + (L, S), "attn_mask", f)
-    var = V.AttentionVariants(f, batch, L, S, compute, window=window, softcap=softcap,
-                              key_lengths=key_lengths, query_lengths=query_lengths,
-                              alibi_slopes=alibi_slopes, sinks=sinks)
-    out_shape = batch + (L, Ev)
-    if out is not None:
-        V.check_out(out, out_shape, result, f)
-    n_threads = V.resolve_threads(n_threads, f)
+    return _run(V.describe_attention(
+        _FNAME, query, key, value, attn_mask, is_causal, scale, causal_alignment, enable_gqa,
+        out, n_threads, return_lse=return_lse, window=window, softcap=softcap, sinks=sinks,
+        alibi_slopes=alibi_slopes, key_lengths=key_lengths, query_lengths=query_lengths,
+        key_scale=key_scale, value_scale=value_scale), precision, emulate)
 
+
+def _run(call, precision, emulate):
+    """The kernel paths of a validated call (:class:`cyattn._validate.AttentionCall`): the
+    fused / decode / two-pass kernels (16-bit inputs read in place, 8-bit K/V read in place
+    by the decode path or dequantised), or the bf16 fast path; writes ``out`` or returns a
+    new result, and the lse with ``return_lse``."""
+    f, query, key, value, kv8 = call.fname, call.query, call.key, call.value, call.kv8
+    batch, group, L, S, E, Ev = call.batch, call.group, call.L, call.S, call.E, call.Ev
+    compute, result, out, var = call.compute, call.result, call.out, call.variants
+    kind, mask = call.mask_kind, call.mask
+    out_shape = batch + (L, Ev)
     count = math.prod(batch)
     # float16/bfloat16 inputs are read as they are (the query only with more than
     # _DECODE_MAX_L rows: decode reads a float32 query); K and V when of one format
@@ -439,7 +446,7 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
     # (a half call may be redone on float32 inputs: never straight into the caller's out)
     res, o_off, o_rs = None, None, -1
     if out is not None and not (q_fmt or kv_fmt):
-        inputs = (query, key, value, attn_mask, var.key_lengths, var.query_lengths, var.slopes,
+        inputs = (query, key, value, call.attn_mask, var.key_lengths, var.query_lengths, var.slopes,
                   var.sinks)       # the per-entry options may be the caller's own memory
         if kv8 is not None:
             inputs += kv8.real_arrays()
@@ -454,7 +461,8 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
         res = np.empty(out_shape, dtype=compute)
     lse = np.empty(batch + (L,), dtype=compute)
     if count and L:
-        n_threads = V.threads_for_work(n_threads, count * L * max(S, 1) * (E + Ev + 8), 1 << 18)
+        n_threads = V.threads_for_work(call.n_threads, count * L * max(S, 1) * (E + Ev + 8),
+                                       1 << 18)
         if kind:
             m_off = V.batch_offsets(mask, batch)
             m_rs, m_cs = mask.strides[-2] // mask.itemsize, mask.strides[-1] // mask.itemsize
@@ -485,8 +493,8 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
                 V.column_stride(k),
                 v, V.batch_offsets(v, batch, group), v.strides[-2] // v.itemsize,
                 V.column_stride(v),
-                mask, kind, m_off, m_rs, m_cs, res, lse, L, S, E, Ev, scale, is_causal,
-                causal_alignment == "bottom_right", return_lse, n_threads, var.left, var.right,
+                mask, kind, m_off, m_rs, m_cs, res, lse, L, S, E, Ev, call.scale, call.is_causal,
+                call.bottom_right, call.return_lse, n_threads, var.left, var.right,
                 var.softcap, var.key_lengths, var.query_lengths, var.slopes, var.sinks,
                 q_fmt=q_fmt, kv_fmt=kv_fmt, o_off=o_off, o_rs=o_rs, **scales)
 
@@ -497,9 +505,10 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
                 k, V.batch_offsets(k, batch, group), k.strides[-2] // 2, V.column_stride(k),
                 v, V.batch_offsets(v, batch, group), v.strides[-2] // 2, V.column_stride(v),
                 mask, kind, m_off, m_rs, m_cs, res.reshape(-1, L, Ev), lse.reshape(-1, L),
-                L, S, E, Ev, scale, is_causal, causal_alignment == "bottom_right", return_lse,
+                L, S, E, Ev, call.scale, call.is_causal, call.bottom_right, call.return_lse,
                 n_threads, var.left, var.right, var.softcap, var.key_lengths,
-                var.query_lengths, var.slopes, var.sinks, emulate=emulate)
+                var.query_lengths, var.slopes, var.sinks, emulate=emulate is not False,
+                tiles=_on_tiles(emulate))
 
         # bfloat16 on the bf16 dot products (prefill only: decode is memory-bound and stays
         # on the exact path); a non-finite row sends the whole call to the exact path
@@ -516,6 +525,6 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
         res = out
     else:
         res = V.to_result(res, result)
-    if return_lse:
+    if call.return_lse:
         return res, V.to_result(lse, result)
     return res

@@ -16,13 +16,15 @@ _ndarray = np.ndarray
 PRECISIONS = ("exact", "fast")
 
 
-def _resolve_precision(precision, fname=_FNAME):
+def _resolve_precision(precision, fname=_FNAME, tiles=True):
     """``precision`` checked: "exact" or "fast"; None picks "fast" where the loaded kernels
-    multiply bfloat16 on the CPU's bf16 dot products (the avx512bf16 variant), else "exact"
-    (the emulation of the fast path is slower than the exact path). ``fname`` names the
-    public function in the ValueError (matmul_accumulate, scaled_dot_product_attention)."""
+    multiply bfloat16 on AMX tiles (the opt-in amx variant; ``tiles``: this operation has a
+    tile kernel), or on vdpbf16ps where the CPU runs it faster than widening (AMD Zen 4 and
+    later, not Intel: _backend.bf16_path), else "exact" (the emulation of the fast path is
+    slower than the exact path). ``fname`` names the public function in the ValueError
+    (matmul_accumulate, scaled_dot_product_attention)."""
     if precision is None:
-        return "fast" if getattr(_backend.kernels, "BF16_DOT", False) else "exact"
+        return "fast" if _backend.bf16_fast_by_default(_backend.kernels, tiles) else "exact"
     if not (isinstance(precision, str) and precision in PRECISIONS):
         raise ValueError(f"{fname}: precision must be None, 'exact' or 'fast', got "
                          f"{precision!r}")
@@ -31,11 +33,17 @@ def _resolve_precision(precision, fname=_FNAME):
 
 def default_bf16_path():
     """One line for ``python -m cyattn info``: which path a bfloat16 ``matmul_accumulate``
-    takes by default with the loaded kernels, and what ``precision="fast"`` runs."""
-    if getattr(_backend.kernels, "BF16_DOT", False):
-        return "fast (vdpbf16ps, AVX512-BF16) by default; precision='exact': float32 FMAs"
-    return ("exact (float32 FMAs) by default; precision='fast': portable emulation of "
-            "vdpbf16ps (no AVX512-BF16 in this CPU or kernel variant)")
+    takes by default with the loaded kernels, why (_backend.bf16_path's reason), and what
+    ``precision="fast"`` runs."""
+    path, why = _backend.default_bf16_path()
+    if path == "amx":
+        return f"fast on AMX tiles (tdpbf16ps) by default [{why}]; precision='exact': float32 FMAs"
+    if path == "fast":
+        return (f"fast (vdpbf16ps, AVX512-BF16) by default [{why}]; precision='exact': "
+                f"float32 FMAs")
+    fast = ("vdpbf16ps" if getattr(_backend.kernels, "BF16_DOT", False)
+            else "portable emulation of vdpbf16ps")
+    return f"exact (float32 FMAs) by default [{why}]; precision='fast': {fast}"
 
 
 def _fast_call(a, b, out, alpha, n_threads):
@@ -71,13 +79,16 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, precision=None, n_threads=None):
         ``"exact"``: as the float32 call on the same values, rounded once into ``out``.
         ``"fast"``: on the CPU's bf16 dot products (AVX512-BF16 ``vdpbf16ps``; on a CPU or
         build without them, a portable emulation with the same bits, slower than
-        ``"exact"``): products exact, float32 sums, subnormals flushed (see Notes). None
-        (default): ``"fast"`` where the loaded kernels have the instruction
-        (``python -m cyattn info`` says which), else ``"exact"``. Why: away from subnormals
-        both give the same float32 sums on a CPU with FMA (each step is one rounding of
-        ``sum + a_k b_k``, k in order), so the default costs no accuracy, and ``"fast"``
-        runs at the instruction's rate (about 2x the float32 rate) where it exists and
-        would only be slower where it does not.
+        ``"exact"``), or on AMX tiles (``tdpbf16ps``) in the opt-in ``amx`` variant
+        (``CYATTN_BACKEND=amx``): products exact, float32 sums, subnormals flushed (see
+        Notes). None (default): a rule on CPUID's vendor, family and features, never a
+        timing (``python -m cyattn info`` prints the path and why): ``"fast"`` on AMD Zen 4
+        and later (``vdpbf16ps`` at about 2x the float32 FMA rate) and in the ``amx``
+        variant (tiles), ``"exact"`` on Intel (``vdpbf16ps`` at 0.5x the float32 FMA rate:
+        slower than widening) and wherever the instruction is missing. Away from subnormals
+        the ``vdpbf16ps`` path and ``"exact"`` give the same float32 sums on a CPU with FMA
+        (each step is one rounding of ``sum + a_k b_k``, k in order), so that default costs
+        no accuracy.
     n_threads : int, optional
         OpenMP threads: None for the default (see :func:`cyattn.show_config`), a positive
         count, or a negative value counting back from the maximum (-1 = all).
@@ -125,6 +136,14 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, precision=None, n_threads=None):
     what DAZ and FTZ may lose. NaN signs and payloads are not specified. Results are
     bit-identical for any thread count on a host.
 
+    On AMX tiles (the ``amx`` variant; its portable model, the same bits, on every host for
+    the tests) the order differs, as ``tdpbf16ps`` sums: per element and per chunk of 32 k
+    (K padded with zeros), two float32 partial sums from zero, of the even and of the odd
+    k's products, each in k order with one rounding per product (DAZ/FTZ as above), then
+    ``C = C + (even + odd)``; all of K is accumulated in the tile and added once as
+    ``fma(alpha, C, out)``. The same bound holds (each product passes through at most
+    K + 2 roundings).
+
     Examples
     --------
     >>> import numpy as np, cyattn
@@ -133,12 +152,27 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, precision=None, n_threads=None):
     array([[2., 3.],
            [4., 5.]])
     """
+    # The tiny call first (issue 46): default options, ndarrays and a finite float alpha go
+    # straight to the kernel module, which takes them only where the product runs on one
+    # thread anyway (n_threads 0) and checks the buffers in one pass; n = 16 took 0.83x
+    # NumPy's time through the layers below (_matmul, _resolve_precision, _fast_call,
+    # fast_threads: five Python calls before the kernel's). Anything it declines takes the
+    # general path, with its errors.
+    if (n_threads is None and precision is None and type(alpha) is float
+            and type(a) is _ndarray and type(b) is _ndarray and type(out) is _ndarray
+            and alpha - alpha == 0.0 and _backend.kernels.matmul_fast(a, b, out, alpha, 0)):
+        return out
     return _matmul(a, b, out, alpha, precision, n_threads)
 
 
 def _matmul(a, b, out, alpha, precision, n_threads, emulate=False):
     """matmul_accumulate; ``emulate`` runs the fast bf16 path's emulation even where the
-    kernels have the instruction (for the tests that compare the two bit for bit)."""
+    kernels have the instruction (for the tests that compare the two bit for bit):
+    True for vdpbf16ps's, ``"amx"`` for the AMX tiles' model (the tile path on every host:
+    the amx variant's bits). Without it, the fast path runs on tiles in the amx variant and
+    on vdpbf16ps (or its emulation) elsewhere."""
+    if emulate not in (False, True, "amx"):
+        raise ValueError(f"{_FNAME}: emulate must be False, True or 'amx', got {emulate!r}")
     precision = _resolve_precision(precision)
     if _fast_call(a, b, out, alpha, n_threads):
         return out
@@ -190,9 +224,13 @@ def _matmul(a, b, out, alpha, precision, n_threads, emulate=False):
         for x, view, item in ops:
             args += [view, V.batch_offsets(x, batch), x.strides[-2] // item,
                      x.strides[-1] // item]
-        if fast:
+        if fast and (emulate == "amx"
+                     or (emulate is False and getattr(_backend.kernels, "AMX", False))):
+            _backend.kernels.matmul_accumulate_amx(*args, M, N, K, alpha, n_threads,
+                                                   c_fmt=c_fmt, emulate=emulate == "amx")
+        elif fast:
             _backend.kernels.matmul_accumulate_bf16(*args, M, N, K, alpha, n_threads,
-                                                    c_fmt=c_fmt, emulate=emulate)
+                                                    c_fmt=c_fmt, emulate=emulate is True)
         else:
             _backend.kernels.matmul_accumulate(*args, M, N, K, alpha, n_threads,
                                                a_fmt=a_fmt, b_fmt=b_fmt, c_fmt=c_fmt)

@@ -66,7 +66,8 @@ def attention_weights(query, key, attn_mask=None, is_causal=False, scale=None, *
         The attention variants, exactly as in :func:`cyattn.scaled_dot_product_attention`
         (see there): a window, key lengths and ``is_causal`` remove keys, rows at or past a
         query length are all 0, the softcap and ALiBi transform the scores before the masks,
-        and a sink takes its share ``exp(sink - lse)`` of each row's weight.
+        and a sink takes its share ``exp(sink - lse)`` of each row's weight (a NaN sink makes
+        every row of its head NaN, also one with no permitted key).
 
     Returns
     -------
@@ -124,47 +125,30 @@ def attention_weights(query, key, attn_mask=None, is_causal=False, scale=None, *
     array([[0.5  , 0.5  , 0.   ],
            [0.333, 0.333, 0.333]])
     """
-    f = _FNAME
-    query, key = V.as_float_arrays(f, query=query, key=key)
-    is_causal, enable_gqa = V.check_bools(f, is_causal=is_causal, enable_gqa=enable_gqa)
-    V.check_alignment(causal_alignment, f)
-    V.require_matrices(f, "..., length, dim", query=query, key=key)
-    L, E, S = V.query_key_dims(f, query, key)
-    batch, group = V.attention_batch_shape(f, enable_gqa, query, key=key)
-    compute, result = V.float_dtypes(query, key)
-    if scale is None:
-        scale = 1.0 / math.sqrt(E) if E > 0 else 1.0
-    else:
-        scale = V.check_real(scale, "scale", f)
-    shape = batch + (L, S)
-    kind, mask = V.prepare_mask(attn_mask, "attn_mask", f, compute)
-    if kind:
-        V.broadcast_mask(mask, shape, "attn_mask", f)     # the check; NumPy broadcasts below
-    variants = V.AttentionVariants(f, batch, L, S, compute, window=window, softcap=softcap,
-                                   key_lengths=key_lengths, query_lengths=query_lengths,
-                                   alibi_slopes=alibi_slopes, sinks=sinks)
-    if out is not None:
-        V.check_out(out, shape, result, f)
-    n_threads = V.resolve_threads(n_threads, f)
-
+    c = V.describe_attention(_FNAME, query, key, None, attn_mask, is_causal, scale,
+                             causal_alignment, enable_gqa, out, n_threads, window=window,
+                             softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+                             key_lengths=key_lengths, query_lengths=query_lengths)
+    query, key, compute, variants = c.query, c.key, c.compute, c.variants
+    shape = c.batch + (c.L, c.S)
     if out is not None and V.writes_in_place(out, compute, (query, key, attn_mask)):
         scores = out
         scores.fill(0)
     else:
         scores = np.zeros(shape, dtype=compute)
     if scores.size:
-        _scores(scores, query, key, batch, group, scale, n_threads)
-        lse = _apply_variants(scores, mask.view(np.bool_) if kind == 1 else None,
-                              mask if kind == 2 else None, is_causal,
-                              causal_alignment == "bottom_right", variants)
-        _softmax_rows(scores, n_threads)
+        _scores(scores, query, key, c.batch, c.group, c.scale, c.n_threads)
+        lse = _apply_variants(scores, c.mask.view(np.bool_) if c.mask_kind == 1 else None,
+                              c.mask if c.mask_kind == 2 else None, c.is_causal,
+                              c.bottom_right, variants)
+        _softmax_rows(scores, c.n_threads)
         if lse is not None:
             _sink_shares(scores, lse, variants.sinks)
     if out is not None:
         if scores is not out:
             V.copy_result(out, scores)
         return out
-    return V.to_result(scores, result)
+    return V.to_result(scores, c.result)
 
 
 def _scores(scores, query, key, batch, group, scale, n_threads):
@@ -227,6 +211,8 @@ def _apply_variants(scores, keep, bias, is_causal, bottom_right, var):
         if keep is not None:
             removed = removed | ~keep[b]
         np.copyto(entry, -np.inf, where=removed)
+        if lse is not None and np.isnan(var.sinks[b]):
+            entry[:q_len] = np.nan      # a NaN sink makes its rows NaN, also those with no key
         if lse is not None:
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 m = entry.max(axis=-1, initial=-np.inf).astype(np.float64)
@@ -237,7 +223,8 @@ def _apply_variants(scores, keep, bias, is_causal, bottom_right, var):
 
 def _sink_shares(weights, lse, sinks):
     """Scale each row's weights by its share left by the sink: 1 / (1 + exp(sink - lse))
-    (0 for an infinite sink, 1 for a -inf one); rows with no permitted key stay 0."""
+    (0 for an infinite sink, 1 for a -inf one); rows with no permitted key stay 0 (but a NaN
+    sink has made its rows NaN in _apply_variants)."""
     L, S = weights.shape[-2:]
     flat = weights.reshape(-1, L, S)
     with np.errstate(over="ignore", invalid="ignore"):

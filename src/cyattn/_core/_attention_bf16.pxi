@@ -24,6 +24,23 @@
 #   variants round exp and the rescaling differently (FMA contraction), within the bound.
 # * Non-finite results (inf/NaN in the inputs, a NaN score, an overflow): the call reports a
 #   redo (half_redo) and the caller computes it again on the exact path, which handles them.
+# * On AMX tiles (engine BF16_TILES_MODEL / BF16_TILES_HW: the opt-in amx variant, or the
+#   tiles' portable model on any host): the same tasks, blocks, panels, masks and online
+#   softmax, only the two products change (isa/_cyattn_amx_loop.h): K is packed per block in
+#   rows along E and V^T in rows along keys (pairs of keys as TDPBF16PS reads them), Q^T per
+#   task in the B-tile pair layout, 32 lanes a panel; S^T = K Q^T per 32 keys x 32 lanes
+#   (2 x 2 C tiles, E in chunks of 32, then scaled by one float32 multiply); the weights
+#   (bf16_panel_softmax's pairs, halves swapped) multiply V^T into O^T, which the C tiles load,
+#   accumulate 32 keys per tile product and store back. Sums are TDPBF16PS's (two partial sums
+#   per chunk, see isa/_cyattn_amx_model.h), so the bits differ from vdpbf16ps's but not
+#   between the model and the hardware, nor with the thread count. Each worker loads the tile
+#   configuration once and releases the tiles when its tasks end.
+
+cdef enum:
+    BF16_EMUL = 0             # vdpbf16ps emulated
+    BF16_DOT_HW = 1           # vdpbf16ps
+    BF16_TILES_MODEL = 2      # AMX tiles, the portable model
+    BF16_TILES_HW = 3         # AMX tiles, the instructions (the amx variant)
 
 cdef inline uint32_t bf16_rne_bits(float x) noexcept nogil:
     """x (finite, >= 0, or NaN) rounded to bfloat16, nearest even: the 16 bits."""
@@ -143,10 +160,11 @@ cdef void bf16_attention_task(const uint16_t* q, Py_ssize_t q_rs, Py_ssize_t q_c
                               uint32_t* qt_pairs, uint32_t* k_pairs, uint32_t* vt_pairs,
                               uint32_t* p_pairs, float* tile, float* ot, Py_ssize_t ld_o,
                               float* row_m, float* row_l, float* factor, bint want_lse,
-                              bint use_hw) noexcept nogil:
+                              int engine, void* tctx, uint32_t* p_tiles) noexcept nogil:
     """Rows i0 .. i0+rows of one (batch, head), E, Ev > 0: fused_attention_task's walk over
-    the key blocks with the products on the bf16 tile (see the design note). lse as there
-    (max + sum without ``want_lse``)."""
+    the key blocks with the products on the bf16 tile or the AMX tiles (engine; see the
+    design note; tctx: the tiles' model state). lse as there (max + sum without
+    ``want_lse``). On tiles the buffers are the tile layouts (bf16_attention_worker)."""
     cdef Py_ssize_t live = lim.lend - i0 if lim.lend - i0 < rows else rows
     cdef Py_ssize_t kpe = (E + 1) // 2
     cdef Py_ssize_t panels, kv_beg, kv_end, j0, kb, kpb, kq, ks, jp, jp0, jp1, ir, r, e
@@ -156,6 +174,9 @@ cdef void bf16_attention_task(const uint16_t* q, Py_ssize_t q_rs, Py_ssize_t q_c
     cdef float* o_row
     cdef float* panel
     cdef float* ot_col
+    cdef bint tiles = engine >= BF16_TILES_MODEL
+    cdef Py_ssize_t ne = (E + AMX_KB - 1) // AMX_KB, ld_k = ne * AMX_KB
+    cdef Py_ssize_t ld_v = KB + 2 * AMX_BLOCK, evp = round_up(Ev, AMX_BLOCK), nkc
     live = 0 if live < 0 else live
     for r in range(live, rows):                 # past the query length: output 0, lse -inf
         for e in range(Ev):
@@ -168,10 +189,15 @@ cdef void bf16_attention_task(const uint16_t* q, Py_ssize_t q_rs, Py_ssize_t q_c
     for r in range(panels * BF16_NR):
         row_m[r] = <float>-CYATTN_INF
         row_l[r] = 0
-    memset(ot, 0, <size_t>(ld_o * Ev) * sizeof(float))
+    memset(ot, 0, <size_t>(ld_o * (evp if tiles else Ev)) * sizeof(float))
     kv_beg = row_lo(lim, i0)
     kv_end = row_hi(lim, i0 + rows - 1)
-    if kv_end > kv_beg:                         # Q^T: E x rows, pairs along E
+    if kv_end > kv_beg and tiles:               # Q^T per 32-lane panel, B tiles along E
+        for jp in range(panels):
+            lanes = rows - jp * BF16_NR if rows - jp * BF16_NR < BF16_NR else BF16_NR
+            cyattn_amx_pack_b(E, lanes, q + (i0 + jp * BF16_NR) * q_rs, q_cs, q_rs,
+                              <uint16_t*>qt_pairs + jp * ne * AMX_CHUNK)
+    elif kv_end > kv_beg:                       # Q^T: E x rows, pairs along E
         pack_b_pairs(E, rows, q + i0 * q_rs, q_cs, q_rs, qt_pairs)
     j0 = (kv_beg // KB) * KB
     while j0 < kv_end:
@@ -192,8 +218,14 @@ cdef void bf16_attention_task(const uint16_t* q, Py_ssize_t q_rs, Py_ssize_t q_c
                 i0 + jp1 * BF16_NR if i0 + jp1 * BF16_NR < i0 + rows else i0 + rows, j0, kb)):
             j0 += KB
             continue
-        pack_a_pairs(kb, E, k + j0 * k_rs, k_rs, k_cs, k_pairs)         # K: kb x E
-        pack_a_pairs(Ev, kb, v + j0 * v_rs, v_cs, v_rs, vt_pairs)       # V^T: Ev x kb
+        if tiles:       # K: rows along E; V^T: rows along keys; zero past kb, E, Ev
+            cyattn_amx_pack_rows(kb, E, k + j0 * k_rs, k_rs, k_cs, KB + AMX_BLOCK, ld_k,
+                                 <uint16_t*>k_pairs)
+            cyattn_amx_pack_rows(Ev, kb, v + j0 * v_rs, v_cs, v_rs, evp, ld_v,
+                                 <uint16_t*>vt_pairs)
+        else:
+            pack_a_pairs(kb, E, k + j0 * k_rs, k_rs, k_cs, k_pairs)     # K: kb x E
+            pack_a_pairs(Ev, kb, v + j0 * v_rs, v_cs, v_rs, vt_pairs)   # V^T: Ev x kb
         for jp in range(jp0, jp1):
             lanes = rows - jp * BF16_NR if rows - jp * BF16_NR < BF16_NR else BF16_NR
             q_first = i0 + jp * BF16_NR
@@ -205,10 +237,22 @@ cdef void bf16_attention_task(const uint16_t* q, Py_ssize_t q_rs, Py_ssize_t q_c
                 continue
             n_keys = kq - ks
             panel = tile + ks * BF16_NR
+            nkc = (n_keys + AMX_BLOCK - 1) // AMX_BLOCK
+            if tiles:                           # S^T = K Q^T, 32 keys x 32 lanes, scaled
+                if engine == BF16_TILES_HW:
+                    cyattn_amx_scores_hw(tctx, <const uint16_t*>k_pairs, ld_k, ne,
+                                         <const uint16_t*>qt_pairs + jp * ne * AMX_CHUNK, ks,
+                                         nkc, tile)
+                else:
+                    cyattn_amx_scores_model(tctx, <const uint16_t*>k_pairs, ld_k, ne,
+                                            <const uint16_t*>qt_pairs + jp * ne * AMX_CHUNK,
+                                            ks, nkc, tile)
+                for r in range(n_keys * BF16_NR):
+                    panel[r] = panel[r] * scale
             ir = ks
-            while ir < kq:                      # S^T = scale K Q^T, 8 keys x 32 lanes a tile
-                bf16_tile(use_hw, kpe, k_pairs + ir * kpe, qt_pairs + jp * kpe * BF16_NR,
-                          tile + ir * BF16_NR, BF16_NR,
+            while ir < kq and not tiles:        # S^T = scale K Q^T, 8 keys x 32 lanes a tile
+                bf16_tile(engine == BF16_DOT_HW, kpe, k_pairs + ir * kpe,
+                          qt_pairs + jp * kpe * BF16_NR, tile + ir * BF16_NR, BF16_NR,
                           kq - ir if kq - ir < BF16_MR else BF16_MR, scale, 1)
                 ir += BF16_MR
             panel_masks(panel, n_keys, BF16_NR, lanes, q_first, j0 + ks, bmask, amask,
@@ -224,9 +268,18 @@ cdef void bf16_attention_task(const uint16_t* q, Py_ssize_t q_rs, Py_ssize_t q_c
                     for r in range(BF16_NR):
                         ot_col[r] = ot_col[r] * factor[r]
             # O^T += V^T (Ev x n_keys) P^T (n_keys x 32): keys ks .. kq, pairs from ks / 2
+            if tiles:
+                cyattn_amx_pack_pt(p_pairs, (n_keys + 1) // 2, nkc, p_tiles)
+                if engine == BF16_TILES_HW:
+                    cyattn_amx_pv_hw(tctx, <const uint16_t*>vt_pairs, ld_v, Ev, ks, nkc,
+                                     p_tiles, ot + jp * BF16_NR, ld_o)
+                else:
+                    cyattn_amx_pv_model(tctx, <const uint16_t*>vt_pairs, ld_v, Ev, ks, nkc,
+                                        p_tiles, ot + jp * BF16_NR, ld_o)
             ir = 0
-            while ir < Ev:
-                bf16_tile(use_hw, (n_keys + 1) // 2, vt_pairs + ir * kpb + (ks // 2) * BF16_MR,
+            while ir < Ev and not tiles:
+                bf16_tile(engine == BF16_DOT_HW, (n_keys + 1) // 2,
+                          vt_pairs + ir * kpb + (ks // 2) * BF16_MR,
                           p_pairs, ot + ir * ld_o + jp * BF16_NR, ld_o,
                           Ev - ir if Ev - ir < BF16_MR else BF16_MR, 1.0, 0)
                 ir += BF16_MR
@@ -257,9 +310,11 @@ cdef int bf16_attention_worker(const uint16_t* q, const int64_t* q_off, Py_ssize
                                Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E,
                                Py_ssize_t Ev, float scale, const AttnVariant* var,
                                Py_ssize_t qg, bint want_lse, Py_ssize_t first, Py_ssize_t step,
-                               bint use_hw, int* redo) noexcept nogil:
+                               int engine, int* redo) noexcept nogil:
     """Tasks first, first + step, ... (as attention_worker) with this worker's own scratch;
-    1 if it cannot be allocated. A row whose result is not finite sets redo[0] = 1."""
+    1 if it cannot be allocated. A row whose result is not finite sets redo[0] = 1. On tiles
+    (engine) the buffers hold the tile layouts, and the tile state is loaded before the first
+    task and released after the last."""
     cdef Py_ssize_t groups = (L + qg - 1) // qg
     cdef Py_ssize_t ntasks = batch * groups
     cdef Py_ssize_t t, bi, i0, rows, mo, ob, r
@@ -274,8 +329,21 @@ cdef int bf16_attention_worker(const uint16_t* q, const int64_t* q_off, Py_ssize
     cdef Py_ssize_t ld_o = qlanes + 16          # rows of O^T a cache line longer (see there)
     cdef size_t bytes_o = <size_t>(ld_o * Ev) * sizeof(float)
     cdef size_t bytes_rows = <size_t>(3 * qlanes) * sizeof(float)
+    cdef bint tiles = engine >= BF16_TILES_MODEL
+    cdef Py_ssize_t ne = (E + AMX_KB - 1) // AMX_KB, evp = round_up(Ev, AMX_BLOCK)
+    cdef size_t bytes_pt = 0, bytes_ctx = 0
+    cdef void* tctx = NULL
+    cdef uint32_t* p_tiles = NULL
+    if tiles:
+        bytes_q = <size_t>((qlanes // BF16_NR) * ne * AMX_CHUNK) * sizeof(uint16_t)
+        bytes_k = <size_t>((KB + AMX_BLOCK) * ne * AMX_KB) * sizeof(uint16_t)
+        bytes_v = <size_t>(evp * (KB + 2 * AMX_BLOCK)) * sizeof(uint16_t)
+        bytes_tile = <size_t>(BF16_NR * (KB + AMX_BLOCK)) * sizeof(float)
+        bytes_o = <size_t>(ld_o * evp) * sizeof(float)
+        bytes_pt = <size_t>((KB // AMX_BLOCK + 1) * 512) * sizeof(uint32_t)
+        bytes_ctx = <size_t>AMX_MODEL_BYTES
     cdef void* raw = malloc(bytes_q + bytes_k + bytes_v + bytes_p + bytes_tile + bytes_o
-                            + bytes_rows + 8 * ALIGN)
+                            + bytes_rows + bytes_pt + bytes_ctx + 10 * ALIGN)
     cdef uint32_t* qt_pairs
     cdef uint32_t* k_pairs
     cdef uint32_t* vt_pairs
@@ -292,6 +360,13 @@ cdef int bf16_attention_worker(const uint16_t* q, const int64_t* q_off, Py_ssize
     tile = <float*>align_ptr(<char*>p_pairs + bytes_p)
     ot = <float*>align_ptr(<char*>tile + bytes_tile)
     row_m = <float*>align_ptr(<char*>ot + bytes_o)
+    if tiles:
+        p_tiles = <uint32_t*>align_ptr(<char*>row_m + bytes_rows)
+        tctx = align_ptr(<char*>p_tiles + bytes_pt)
+        if engine == BF16_TILES_HW:
+            cyattn_amx_begin_hw(tctx)
+        else:
+            cyattn_amx_begin_model(tctx)
     t = first
     while t < ntasks:
         bi = t % batch
@@ -306,11 +381,17 @@ cdef int bf16_attention_worker(const uint16_t* q, const int64_t* q_off, Py_ssize
                             amask + mo if amask != NULL else NULL, m_rs, m_cs,
                             out + ob, Ev, lse + bi * L + i0, i0, rows, E, Ev, scale, &lim,
                             qt_pairs, k_pairs, vt_pairs, p_pairs, tile, ot, ld_o,
-                            row_m, row_m + qlanes, row_m + 2 * qlanes, want_lse, use_hw)
+                            row_m, row_m + qlanes, row_m + 2 * qlanes, want_lse, engine, tctx,
+                            p_tiles)
         for r in range(rows):
             if row_nonfinite(out + ob + r * Ev, lse[bi * L + i0 + r], Ev):
                 redo[0] = 1
         t += step
+    if tiles:
+        if engine == BF16_TILES_HW:
+            cyattn_amx_end_hw(tctx)
+        else:
+            cyattn_amx_end_model(tctx)
     free(raw)
     return 0
 
@@ -323,10 +404,12 @@ cdef void bf16_attention_run(const uint16_t* q, const int64_t* q_off, Py_ssize_t
                             Py_ssize_t m_rs, Py_ssize_t m_cs, float* out, float* lse,
                             Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E,
                             Py_ssize_t Ev, float scale, const AttnVariant* var,
-                            bint want_lse, int n_threads, bint use_hw, int* status,
+                            bint want_lse, int n_threads, int engine, int* status,
                             int* redo) noexcept nogil:
     """The bf16 fast path over all tasks (query groups as attention_run chooses them for the
-    fused path; they change no bit); status[0] = 1 if scratch could not be allocated."""
+    fused path; they change no bit); status[0] = 1 if scratch could not be allocated.
+    engine: BF16_EMUL, BF16_DOT_HW (a bint use_hw reads as these two), BF16_TILES_MODEL or
+    BF16_TILES_HW."""
     cdef Py_ssize_t qg = QG_DENSE if E + Ev <= 256 else QG
     cdef Py_ssize_t per_thread = 8 if n_threads > 1 and (var.causal or var.has_right) else 2
     cdef Py_ssize_t tasks = batch * ((L + qg - 1) // qg)
@@ -341,12 +424,12 @@ cdef void bf16_attention_run(const uint16_t* q, const int64_t* q_off, Py_ssize_t
     if n_threads <= 1:
         if bf16_attention_worker(q, q_off, q_rs, q_cs, k, k_off, k_rs, k_cs, v, v_off, v_rs,
                                  v_cs, bmask, amask, m_off, m_rs, m_cs, out, lse, batch, L, S,
-                                 E, Ev, scale, var, qg, want_lse, 0, 1, use_hw, redo):
+                                 E, Ev, scale, var, qg, want_lse, 0, 1, engine, redo):
             status[0] = 1
         return
     for w in prange(n_threads, num_threads=n_threads, schedule='static', chunksize=1):
         if bf16_attention_worker(q, q_off, q_rs, q_cs, k, k_off, k_rs, k_cs, v, v_off, v_rs,
                                  v_cs, bmask, amask, m_off, m_rs, m_cs, out, lse, batch, L,
-                                 S, E, Ev, scale, var, qg, want_lse, w, n_threads, use_hw,
+                                 S, E, Ev, scale, var, qg, want_lse, w, n_threads, engine,
                                  redo):
             status[0] = 1

@@ -188,7 +188,7 @@ cdef int two_pass_rows(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
     cdef floating* q_packed
     cdef floating* kt_packed
     cdef floating* v_packed
-    cdef Py_ssize_t done = 0, n
+    cdef Py_ssize_t done = 0, n, live, r, e
     cdef bint v_nonfinite = False
     if raw == NULL:
         return 1
@@ -209,4 +209,11 @@ cdef int two_pass_rows(const floating* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
                        scores, ld_scores, q_packed, p_packed)
         done += n
     free(raw)
+    if lim.has_sink and lim.sink != lim.sink:
+        # a NaN sink takes part in every row's denominator, so it makes the row NaN (lse is
+        # NaN already): also a row with no permitted key, whose weights are all 0
+        live = lim.lend - i0 if lim.lend - i0 < rows else rows     # rows past the length stay 0
+        for r in range(live):
+            for e in range(Ev):
+                out[r * o_rs + e] = <floating>CYATTN_NAN
     return 0

@@ -23,7 +23,9 @@
 #   path: with the row's (max m, sum l, accumulator o), m' = max(m, sink),
 #   l' = l e^{m - m'} + e^{sink - m'}, output = o e^{m - m'} / l', lse = m' + log l'. A row with
 #   no permitted key then gives 0 and lse = sink; sink = -inf changes nothing; sink = +inf takes
-#   all the weight (output 0, lse +inf).
+#   all the weight (output 0, lse +inf). A NaN sink makes the row NaN (lse NaN here; the row's
+#   non-finite result sends it to the two-pass redo, which also sets an output row with no
+#   permitted key to NaN).
 
 cdef struct AttnVariant:
     bint causal

@@ -1,9 +1,13 @@
 /*
  * CPU feature detection: CPUID leaves 1 and 7 (subleaves 0 and 1) and XGETBV (whether the
- * OS saves YMM / ZMM state) on x86; on aarch64 the Linux auxiliary vector (AT_HWCAP,
- * AT_HWCAP2) or macOS's hw.optional.arm.FEAT_* sysctls; reported as the CYATTN_CPU_* bits of
- * cyattn_cpu_features(); also CYATTN_X86, which the other headers test. C because Cython has no inline assembly
- * or compiler intrinsics for CPUID/XGETBV. A pure function of the CPU: no mutable state.
+ * OS saves YMM / ZMM / AMX tile state) on x86; on aarch64 the Linux auxiliary vector
+ * (AT_HWCAP, AT_HWCAP2) or macOS's hw.optional.arm.FEAT_* sysctls; reported as the
+ * CYATTN_CPU_* bits of cyattn_cpu_features(); the vendor string, family and model
+ * (cyattn_cpu_identity, x86 only), which the choice of the bf16 path keys on
+ * (cyattn._backend.bf16_path); the Linux request for the AMX tile state
+ * (cyattn_amx_request_perm); also CYATTN_X86, which the other headers test. C because Cython
+ * has no inline assembly or compiler intrinsics for CPUID/XGETBV. Pure functions of the CPU
+ * (and of the process's permission, for the request): no mutable state here.
  */
 #ifndef CYATTN_CPU_H
 #define CYATTN_CPU_H
@@ -48,11 +52,22 @@
 #define CYATTN_CPU_OSZMM   1024  /* the OS saves opmask and ZMM state (XCR0 bits 5, 6, 7) */
 #define CYATTN_CPU_F16C    2048
 #define CYATTN_CPU_AVX512BF16 4096  /* vdpbf16ps (CPUID leaf 7 subleaf 1, EAX bit 5) */
-/* aarch64 (CYATTN_CPU_NEON above: Advanced SIMD, Linux HWCAP_ASIMD) */
-#define CYATTN_CPU_FP16    8192   /* FEAT_FP16 half-precision arithmetic (HWCAP_FPHP + ASIMDHP) */
-#define CYATTN_CPU_BF16    16384  /* FEAT_BF16: BFDOT, BFMMLA (HWCAP2_BF16) */
-#define CYATTN_CPU_I8MM    32768  /* FEAT_I8MM: SMMLA, USDOT (HWCAP2_I8MM) */
-#define CYATTN_CPU_SVE     65536  /* FEAT_SVE (HWCAP_SVE) */
+#define CYATTN_CPU_AMXBF16 8192     /* tdpbf16ps (CPUID leaf 7 subleaf 0, EDX bit 22) */
+#define CYATTN_CPU_AMXTILE 16384    /* tile registers (CPUID leaf 7 subleaf 0, EDX bit 24) */
+#define CYATTN_CPU_OSTILE 32768     /* the OS enabled tile state (XCR0 bits 17 and 18) */
+
+/* aarch64 (CYATTN_CPU_NEON above: Advanced SIMD, Linux HWCAP_ASIMD); from 65536 up, clear of
+   the x86 bits (a build reports one architecture's bits, but the numbers never overlap) */
+#define CYATTN_CPU_FP16    65536   /* FEAT_FP16 half-precision arithmetic (HWCAP_FPHP + ASIMDHP) */
+#define CYATTN_CPU_BF16    131072  /* FEAT_BF16: BFDOT, BFMMLA (HWCAP2_BF16) */
+#define CYATTN_CPU_I8MM    262144  /* FEAT_I8MM: SMMLA, USDOT (HWCAP2_I8MM) */
+#define CYATTN_CPU_SVE     524288  /* FEAT_SVE (HWCAP_SVE) */
+
+#if CYATTN_X86 && defined(__linux__)
+#include <unistd.h>
+#include <errno.h>
+#include <sys/syscall.h>
+#endif
 
 #if defined(CYATTN_ARM_SYSCTL)
 static int cyattn_sysctl_flag(const char* name) {
@@ -102,6 +117,7 @@ static int cyattn_cpu_features(void) {
     if (r[2] & (1u << 29)) f |= CYATTN_CPU_F16C;
     if ((r[2] & (1u << 27)) && (cyattn_xgetbv0() & 6u) == 6u) f |= CYATTN_CPU_OSYMM;
     if ((r[2] & (1u << 27)) && (cyattn_xgetbv0() & 0xE6u) == 0xE6u) f |= CYATTN_CPU_OSZMM;
+    if ((r[2] & (1u << 27)) && (cyattn_xgetbv0() & 0x60000u) == 0x60000u) f |= CYATTN_CPU_OSTILE;
     if (max_leaf >= 7) {
         cyattn_cpuid(7, 0, r);
         if (r[1] & (1u << 5)) f |= CYATTN_CPU_AVX2;
@@ -109,6 +125,8 @@ static int cyattn_cpu_features(void) {
         if (r[1] & (1u << 17)) f |= CYATTN_CPU_AVX512DQ;
         if (r[1] & (1u << 30)) f |= CYATTN_CPU_AVX512BW;
         if (r[1] & (1u << 31)) f |= CYATTN_CPU_AVX512VL;
+        if (r[3] & (1u << 22)) f |= CYATTN_CPU_AMXBF16;
+        if (r[3] & (1u << 24)) f |= CYATTN_CPU_AMXTILE;
         if (r[0] >= 1) {                     /* EAX of subleaf 0: the highest subleaf */
             cyattn_cpuid(7, 1, r);
             if (r[0] & (1u << 5)) f |= CYATTN_CPU_AVX512BF16;
@@ -132,6 +150,94 @@ static int cyattn_cpu_features(void) {
     f |= CYATTN_CPU_NEON;
 #endif
     return f;
+}
+
+/* The CPUID vendor string (leaf 0: EBX, EDX, ECX; 12 characters and a NUL, "" off x86), the
+   display family (base family, plus the extended family where the base is 0xF) and display
+   model (base model, plus the extended model << 4 where the family is 6 or 0xF), as Intel's
+   and AMD's manuals define them (leaf 1 EAX). Zen 4 and Zen 5 are families 0x19 and 0x1A;
+   Sapphire/Emerald/Granite Rapids family 6, models 0x8F, 0xCF and 0xAD/0xAE. */
+static void cyattn_cpu_identity(char vendor[13], int* family, int* model) {
+    int i;
+    for (i = 0; i < 13; i++) vendor[i] = 0;
+    *family = 0;
+    *model = 0;
+#if CYATTN_X86
+    {
+        unsigned int r[4], regs[3], eax, base_family, base_model;
+        cyattn_cpuid(0, 0, r);
+        regs[0] = r[1]; regs[1] = r[3]; regs[2] = r[2];
+        for (i = 0; i < 12; i++) vendor[i] = (char)((regs[i / 4] >> (8 * (i % 4))) & 0xffu);
+        if (r[0] < 1) return;
+        cyattn_cpuid(1, 0, r);
+        eax = r[0];
+        base_family = (eax >> 8) & 0xfu;
+        base_model = (eax >> 4) & 0xfu;
+        *family = (int)(base_family == 0xfu ? base_family + ((eax >> 20) & 0xffu) : base_family);
+        *model = (int)((base_family == 6u || base_family == 0xfu)
+                       ? (((eax >> 16) & 0xfu) << 4) | base_model : base_model);
+    }
+#endif
+}
+
+/* Asks Linux for the AMX tile data state for this process (arch_prctl(ARCH_REQ_XCOMP_PERM,
+   XFEATURE_XTILEDATA), then ARCH_GET_XCOMP_PERM to confirm): without it the first tile
+   instruction raises SIGILL. Returns 0 when granted (asking again is harmless: the kernel
+   keeps the permission for the process's life), the errno of the refusal (old kernel:
+   EINVAL; a seccomp policy: EPERM or ENOSYS), or -1 off Linux x86-64, where cyattn does not
+   use tiles. */
+static int cyattn_amx_request_perm(void) {
+#if CYATTN_X86 && defined(__linux__) && defined(SYS_arch_prctl)
+    unsigned long bits = 0;
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0)
+        return errno ? errno : EINVAL;
+    if (syscall(SYS_arch_prctl, 0x1022 /* ARCH_GET_XCOMP_PERM */, &bits) != 0)
+        return errno ? errno : EINVAL;
+    return (bits & (1ul << 18)) ? 0 : EPERM;
+#else
+    return -1;
+#endif
+}
+
+/* Bytes of the largest data or unified cache CPUID describes (the last level: L3 on the
+   hosts seen), from the deterministic cache parameters (leaf 4 on Intel, leaf 0x8000001D on
+   AMD with TOPOEXT): ways x partitions x line size x sets. 0 where CPUID does not say (other
+   vendors, old CPUs, a hypervisor that hides the leaves, not x86). A pure function of the CPU,
+   read once, at the kernel module's import (it costs a trap to the hypervisor per CPUID in a
+   virtual machine). */
+static long long cyattn_llc_bytes(void) {
+    long long best = 0;
+#if CYATTN_X86
+    unsigned int r[4], leaf = 0, sub;
+    cyattn_cpuid(0, 0, r);
+    if (r[1] == 0x756e6547u && r[0] >= 4) {                 /* "GenuineIntel" */
+        leaf = 4;
+    } else if (r[1] == 0x68747541u || r[1] == 0x6f677948u) { /* "AuthenticAMD", "HygonGenuine" */
+        cyattn_cpuid(0x80000000u, 0, r);
+        if (r[0] >= 0x8000001Du) {
+            cyattn_cpuid(0x80000001u, 0, r);
+            if (r[2] & (1u << 22))                           /* TOPOEXT */
+                leaf = 0x8000001Du;
+        }
+    }
+    if (leaf == 0)
+        return 0;
+    for (sub = 0; sub < 16; sub++) {
+        long long size;
+        unsigned int type;
+        cyattn_cpuid(leaf, sub, r);
+        type = r[0] & 0x1fu;                   /* 0: no more caches; 1 data, 2 code, 3 unified */
+        if (type == 0)
+            break;
+        if (type == 2)
+            continue;
+        size = (long long)((r[1] >> 22) + 1) * (long long)(((r[1] >> 12) & 0x3ffu) + 1)
+               * (long long)((r[1] & 0xfffu) + 1) * ((long long)r[2] + 1);
+        if (size > best)
+            best = size;
+    }
+#endif
+    return best;
 }
 
 #endif /* CYATTN_CPU_H */

@@ -39,6 +39,17 @@
 #define CYATTN_ROWK 0
 #endif
 
+/* Whether the host's rule streams softmax outputs past the caches (STREAM_MIN_BYTES in
+   _softmax_rows.pxi): with 512-bit vectors only. On Zen 5 as an AVX2 CPU the streamed rows
+   (256-bit exp, not pipelined) ran rows of 2048 at 0.9x the pipelined ordinary rows and rows
+   of 512 level, while the 512-bit ones gained 1.06-1.2x; an explicit stream_min still takes
+   the streamed rows in either (the tests do). */
+#if defined(CYATTN_RW) && CYATTN_RW == 16
+#define CYATTN_ROWS_STREAM 1
+#else
+#define CYATTN_ROWS_STREAM 0
+#endif
+
 #if CYATTN_ROWK
 #include <math.h>
 #define CYATTN_RN (32 / CYATTN_RW)          /* vectors per 32 lanes */
@@ -384,6 +395,79 @@ static inline ptrdiff_t cyattn_softmax_rows_f32(const float* x, float* y, ptrdif
     return log_out ? cyattn_softmax_rows_f32_impl(x, y, rows, n, 1)
                    : cyattn_softmax_rows_f32_impl(x, y, rows, n, 0);
 }
+
+/* The last pass of a streamed row, y[j] = e[j] * f (softmax: e the row's exp values) or
+   y[j] = (e[j] - m) - f (log-softmax: e the row of x, f the log of the sum), the operations of
+   cyattn_rowk_scale / cyattn_rowk_log element by element (so the same bits), with the
+   CYATTN_RW-aligned middle of y written by non-temporal stores: no read for ownership of y's
+   lines and no eviction of the caches' contents for an output that is not read back soon.
+   The non-temporal stores cover whole 64-byte lines only: they start at the first line
+   boundary of the row and end at the last one that a whole step of 32 elements reaches; the
+   elements before and after take ordinary stores, so no line is written both ways (with
+   256-bit stores from a 32-byte boundary, the lines shared with the ordinary stores of the
+   row's ends ran the rows 2-6x slower than ordinary stores on Zen 5; 64-byte alignment,
+   as 512-bit stores need anyway, fixes that). */
+CYATTN_INLINE void cyattn_rowk_out_nt(const float* e, float* y, ptrdiff_t n, float m, float f,
+                                      int log_out) {
+    CYATTN_RV vm = cyattn_rset1(m), vf = cyattn_rset1(f);
+    ptrdiff_t j = 0, head = (ptrdiff_t)((((uintptr_t)0 - (uintptr_t)y) % 64) / sizeof(float));
+    int k;
+    if (head > n)
+        head = n;
+    for (; j < head; j++)
+        y[j] = log_out ? (e[j] - m) - f : e[j] * f;
+    for (; j + 32 <= n; j += 32)
+        for (k = 0; k < CYATTN_RN; k++) {
+            CYATTN_RV v = cyattn_rload(e + j + k * CYATTN_RW);
+            cyattn_rstream(y + j + k * CYATTN_RW,
+                           log_out ? cyattn_rsub(cyattn_rsub(v, vm), vf) : cyattn_rmul(v, vf));
+        }
+    for (; j < n; j++)
+        y[j] = log_out ? (e[j] - m) - f : e[j] * f;
+}
+
+CYATTN_INLINE ptrdiff_t cyattn_softmax_rows_f32_nt_impl(const float* x, float* y, float* s,
+                                                        ptrdiff_t rows, ptrdiff_t n,
+                                                        int log_out) {
+    ptrdiff_t i;
+    float m;
+    for (i = 0; i < rows; i++) {
+        const float* xi = x + i * n;
+        float* yi = y + i * n;
+        if (!cyattn_rowk_max(xi, n, NULL, &m))
+            return i;
+        if (log_out)
+            cyattn_rowk_out_nt(xi, yi, n, m,
+                               (float)log((double)cyattn_rowk_exp(xi, s, n, NULL, m, 0)), 1);
+        else
+            cyattn_rowk_out_nt(s, yi, n, 0.0f, 1.0f / cyattn_rowk_exp(xi, s, n, NULL, m, 1), 0);
+    }
+    return rows;
+}
+
+/* cyattn_softmax_rows_f32 for an output far larger than the caches (the caller's rule): each
+   row by cyattn_softmax_row_f32's three passes, the same bits, but the exp values go to the
+   scratch row s (n floats, which stays in L1 or L2) instead of y, and the last pass writes y
+   once, by non-temporal stores (cyattn_rowk_out_nt): y's bytes cross the memory bus once
+   (a store that misses allocates the line first: read, then written back), and nothing is read
+   back from it. Rows one after the other, not pipelined: past the caches the rows wait on
+   memory, not on the exp pass's ports (Zen 5, rows of 2048, 1 thread: 95 % of np.copyto's
+   bandwidth over the same bytes). Returns how many leading rows
+   are done, as cyattn_softmax_rows_f32 does. The caller fences (cyattn_sfence) before the
+   results are read by another thread. x and y may be the same array (each row of x is read in
+   full before that row of y is written). */
+static inline ptrdiff_t cyattn_softmax_rows_f32_nt(const float* x, float* y, float* s,
+                                                   ptrdiff_t rows, ptrdiff_t n, int log_out) {
+    return log_out ? cyattn_softmax_rows_f32_nt_impl(x, y, s, rows, n, 1)
+                   : cyattn_softmax_rows_f32_nt_impl(x, y, s, rows, n, 0);
+}
+static inline void cyattn_sfence(void) {
+#if defined(__aarch64__) || defined(_M_ARM64)
+    /* the neon variant's cyattn_rstream is an ordinary store: nothing to order */
+#else
+    _mm_sfence();
+#endif
+}
 #else
 static inline void cyattn_rows_max_min_f32(const float* x, ptrdiff_t n, float* pmax, float* pmin) {
     (void)x; (void)n; (void)pmax; (void)pmin;
@@ -404,6 +488,13 @@ static inline int cyattn_softmax_row_f32(const float* x, float* y, ptrdiff_t n,
                                          const uint8_t* keep, int log_out) {
     (void)x; (void)y; (void)n; (void)keep; (void)log_out;
     return 0;
+}
+static inline ptrdiff_t cyattn_softmax_rows_f32_nt(const float* x, float* y, float* s,
+                                                   ptrdiff_t rows, ptrdiff_t n, int log_out) {
+    (void)x; (void)y; (void)s; (void)rows; (void)n; (void)log_out;
+    return 0;
+}
+static inline void cyattn_sfence(void) {
 }
 #endif
 

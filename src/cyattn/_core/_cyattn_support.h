@@ -14,6 +14,9 @@
  *   _cyattn_tile_narrow.h    the 12 x 8 tile of narrow query panels (AVX2 + FMA; a stub without)
  *   _cyattn_bf16_emul.h      bf16 dot products as vdpbf16ps computes them, portable (emulation)
  *   _cyattn_bf16_avx512.h    the bf16 GEMM micro-kernel on AVX512-BF16 (a stub without it)
+ *   _cyattn_amx_model.h      the AMX tile operations as the hardware computes them, portable
+ *   _cyattn_amx.h            the tile loops (_cyattn_amx_loop.h) over the model and, in the
+ *                            amx variant, over the instructions
  * Code for a new ISA goes into a _cyattn_vec_<isa>.h of its own (included before the ones it
  * overrides), new kernels using those vectors into a header of the kernel's concern.
  * Everything here is a pure function of its arguments or of the CPU: no mutable state.
@@ -34,5 +37,6 @@
 #include "_cyattn_tile_narrow.h"
 #include "_cyattn_bf16_emul.h"
 #include "_cyattn_bf16_avx512.h"
+#include "_cyattn_amx.h"
 
 #endif /* CYATTN_SUPPORT_H */

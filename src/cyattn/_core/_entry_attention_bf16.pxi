@@ -14,10 +14,12 @@ def attention_bf16(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs
                    Py_ssize_t window_left=-1, Py_ssize_t window_right=-1, double softcap=0.0,
                    const int64_t[::1] key_len=None, const int64_t[::1] query_len=None,
                    const double[::1] slopes=None, const double[::1] sinks=None,
-                   bint emulate=False):
+                   bint emulate=False, bint tiles=False):
     """Scaled dot-product attention of bf16 q, k, v (uint16 views of the bits; offsets and
     strides in elements, as ``attention``) on the bf16 dot product: vdpbf16ps where this
-    module has it (BF16_DOT) unless ``emulate``, else the emulation (the same bits).
+    module has it (BF16_DOT) unless ``emulate``, else the emulation (the same bits); with
+    ``tiles``, on AMX tiles: the instructions where this module has them (AMX) unless
+    ``emulate``, else the tiles' portable model (the same bits).
     E, Ev > 0 and L > 0. out: float32 C-contiguous (batch, L, Ev); lse float32 (batch, L).
     mask_kind: 0 none, 1 bool (uint8, True = keep), 2 additive (float32). Variants as in
     ``attention``. Returns True if a row's result is not finite (the caller then computes
@@ -27,7 +29,9 @@ def attention_bf16(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs
     cdef const float* amask = NULL
     cdef const int64_t* mo = NULL
     cdef int status = 0, redo = 0
-    cdef bint use_hw = CYATTN_HAVE_BF16_DOT and not emulate
+    cdef int engine = BF16_DOT_HW if CYATTN_HAVE_BF16_DOT and not emulate else BF16_EMUL
+    if tiles:
+        engine = BF16_TILES_HW if CYATTN_HAVE_AMX and not emulate else BF16_TILES_MODEL
     cdef Py_ssize_t batch = q_off.shape[0]
     cdef AttnVariant var
     var.causal = causal
@@ -71,7 +75,7 @@ def attention_bf16(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs
                                            <const uint16_t*>vp, &v_off[0], v_rs, v_cs,
                                            bmask, amask, mo, m_rs, m_cs, &out[0, 0, 0],
                                            &lse[0, 0], batch, L, S, E, Ev, <float>scale, &var,
-                                           want_lse, n_threads, use_hw, &status, &redo)
+                                           want_lse, n_threads, engine, &status, &redo)
                 finally:
                     if mask_kind != 0:
                         PyBuffer_Release(&mv)

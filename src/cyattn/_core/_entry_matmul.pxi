@@ -141,7 +141,10 @@ def matmul_fast(a, b, out, double alpha, int n_threads):
     """out += alpha * a @ b if a (M, K), b (K, N) and out (M, N) are C-contiguous, aligned,
     non-empty 2-D arrays of one native float dtype and out is writable and disjoint from both;
     returns False without touching anything otherwise. The low-overhead path of
-    matmul_accumulate: one pass of checks on the buffers, no offset arrays."""
+    matmul_accumulate: one pass of checks on the buffers, no offset arrays. n_threads 0: the
+    default thread count, for a product small enough to run on one thread whatever that count
+    (below 2 << 18 multiply-adds); a larger one is declined (False), for the caller to resolve
+    the count (matmul_accumulate's tiny calls, without the Python layers that resolve it)."""
     cdef Py_buffer av, bv, cv
     cdef int status = 0, code
     cdef int64_t zero = 0
@@ -168,6 +171,8 @@ def matmul_fast(a, b, out, double alpha, int n_threads):
                         or <uintptr_t>av.buf % code or <uintptr_t>bv.buf % code
                         or <uintptr_t>cv.buf % code
                         or not _disjoint(&cv, &av) or not _disjoint(&cv, &bv)):
+                    return False
+                if n_threads == 0 and (M * N * K) >> 18 > 1:    # the count is the caller's
                     return False
                 if n_threads > (M * N * K) >> 18:     # small products run on fewer threads
                     n_threads = <int>((M * N * K) >> 18)
@@ -265,3 +270,69 @@ def bf16_dot_lanes(const float[::1] acc, const uint32_t[::1] a, const uint32_t[:
         else:
             for i in range(n):
                 out[i] = cyattn_bf16_dot_step(acc[i], a[i], b[i])
+
+
+# --- bfloat16 on AMX tiles (precision="fast" in the opt-in amx variant; the model elsewhere) ---
+
+AMX = bool(CYATTN_HAVE_AMX)   # this module multiplies bf16 on AMX tiles (the amx variant)
+
+
+def matmul_accumulate_amx(a, const int64_t[::1] a_off, Py_ssize_t rsa, Py_ssize_t csa,
+                          b, const int64_t[::1] b_off, Py_ssize_t rsb, Py_ssize_t csb,
+                          out, const int64_t[::1] c_off, Py_ssize_t rsc, Py_ssize_t csc,
+                          Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, double alpha,
+                          int n_threads, int c_fmt=0, bint emulate=False):
+    """out[t] += alpha * a[t] @ b[t] with bf16 a and b (uint16 views of the bits) on AMX
+    tiles (_gemm_amx.pxi): the instructions where this module has them (AMX) unless
+    ``emulate``, else the portable model of the tiles, which gives the same bits. out is
+    float32, or bf16 bits (uint16) with c_fmt = CYATTN_HALF_BF16; offsets and strides in
+    elements. The caller (cyattn.matmul) has checked shapes, strides and offsets."""
+    cdef Py_buffer av, bv, cv
+    cdef char* ap
+    cdef char* bp
+    cdef char* cp
+    cdef int status = 0
+    cdef Py_ssize_t batch = c_off.shape[0]
+    cdef bint use_hw = CYATTN_HAVE_AMX and not emulate
+    if n_threads < 1:
+        n_threads = 1
+    ap = _buf(a, &av, False)
+    try:
+        bp = _buf(b, &bv, False)
+        try:
+            cp = _buf(out, &cv, True)
+            try:
+                if av.itemsize != 2 or bv.itemsize != 2 or cv.itemsize != (2 if c_fmt else 4):
+                    raise ValueError("matmul_accumulate_amx: element sizes do not match")
+                if a_off.shape[0] != batch or b_off.shape[0] != batch:
+                    raise ValueError("matmul_accumulate_amx: offsets of one batch expected")
+                with nogil:
+                    matmul_tasks_amx(<const uint16_t*>ap, &a_off[0], rsa, csa,
+                                     <const uint16_t*>bp, &b_off[0], rsb, csb,
+                                     cp, &c_off[0], rsc, csc, batch, M, N, K, <float>alpha,
+                                     n_threads, &status, c_fmt, use_hw)
+            finally:
+                PyBuffer_Release(&cv)
+        finally:
+            PyBuffer_Release(&bv)
+    finally:
+        PyBuffer_Release(&av)
+    if status:
+        raise MemoryError("cyattn.matmul_accumulate: could not allocate tile buffers")
+
+
+def amx_tile_product(const uint16_t[::1] a, const uint16_t[::1] b, const uint32_t[::1] c0,
+                     uint32_t[::1] out, bint emulate=False):
+    """One TDPBF16PS on 16 x 64-byte tiles: ``out = c0 + a @ b`` with a (16 x 32 bf16 bits,
+    row m holding the k pairs of output row m), b (16 x 32 bf16 bits, row k holding the pairs
+    of the 16 output columns), c0 and out (16 x 16 float32 bits), flattened. On the
+    instruction where this module has it (AMX) unless ``emulate``, else on the portable model
+    (isa/_cyattn_amx_model.h). For the tests that hold the model to bits recorded on AMX
+    hardware (tests/data/amx_bf16_golden.bin)."""
+    if a.shape[0] != 512 or b.shape[0] != 512 or c0.shape[0] != 256 or out.shape[0] != 256:
+        raise ValueError("amx_tile_product: a and b need 512 elements, c0 and out 256")
+    with nogil:
+        if CYATTN_HAVE_AMX and not emulate:
+            cyattn_amx_tile_product_hw(&a[0], &b[0], &c0[0], &out[0])
+        else:
+            cyattn_amx_tile_product_model(&a[0], &b[0], &c0[0], &out[0])

@@ -220,12 +220,23 @@ def softmax_rows_half(x, out, int x_fmt, int out_fmt, bmask, amask, int a_fmt,
         raise MemoryError("cyattn.softmax: could not allocate a row buffer")
 
 
+def softmax_stream_min_bytes():
+    """Bytes from which an unmasked float32 softmax / log-softmax writes its output by
+    non-temporal stores on this host (the rule of STREAM_MIN_BYTES: half the last-level
+    cache in the variants with 512-bit vectors; 1 << 62, never, in the others)."""
+    return STREAM_MIN_BYTES
+
+
 def softmax_rows(x, out, bmask, amask, Py_ssize_t b_rs, Py_ssize_t b_cs,
-                 Py_ssize_t a_rs, Py_ssize_t a_cs, bint log_out, int n_threads):
+                 Py_ssize_t a_rs, Py_ssize_t a_cs, bint log_out, int n_threads,
+                 Py_ssize_t stream_min=-1):
     """Row softmax of C-contiguous 2-D x into C-contiguous out (same shape and dtype).
 
     bmask: None or a uint8 array (True = keep); amask: None or an array of x's dtype; each
     addressed from its first element with element strides (b_rs, b_cs) / (a_rs, a_cs).
+    stream_min: the output size in bytes from which unmasked float32 rows are written by
+    non-temporal stores (-1: this host's rule, softmax_stream_min_bytes(); tests pass 0 or a
+    huge value to take either path; the bits are the same).
     """
     cdef Py_buffer xv, ov, bv, av
     cdef char* xp
@@ -247,6 +258,8 @@ def softmax_rows(x, out, bmask, amask, Py_ssize_t b_rs, Py_ssize_t b_cs,
                 if amask is not None:
                     ap = _buf(amask, &av, False)
                 try:
+                    if stream_min < 0:
+                        stream_min = STREAM_MIN_BYTES
                     with nogil:
                         if dbl:
                             softmax_row_tasks(<const double*>xp, <double*>op, rows, n,
@@ -255,7 +268,7 @@ def softmax_rows(x, out, bmask, amask, Py_ssize_t b_rs, Py_ssize_t b_cs,
                         else:
                             softmax_row_tasks(<const float*>xp, <float*>op, rows, n,
                                               bp, b_rs, b_cs, <const float*>ap, a_rs, a_cs,
-                                              log_out, n_threads)
+                                              log_out, n_threads, ov.len >= stream_min)
                 finally:
                     if amask is not None:
                         PyBuffer_Release(&av)
@@ -268,13 +281,14 @@ def softmax_rows(x, out, bmask, amask, Py_ssize_t b_rs, Py_ssize_t b_cs,
         PyBuffer_Release(&xv)
 
 
-def softmax_fast(x, out, bint log_out, int n_threads, empty):
+def softmax_fast(x, out, bint log_out, int n_threads, empty, Py_ssize_t stream_min=-1):
     """(Log-)softmax over the last axis of a C-contiguous, aligned, non-empty float32/float64
     array x with at least one dimension, into ``out`` (None: a new array from
     ``empty(x.shape, dtype)``; else a writable, C-contiguous, aligned array of x's shape and
     dtype, disjoint from x). Returns the result, or None without doing anything (out untouched)
     if the arguments are not of that kind. The low-overhead path of softmax and log_softmax
-    without a mask: one pass of checks on the buffers (the general path cost ~4 us per call)."""
+    without a mask: one pass of checks on the buffers (the general path cost ~4 us per call).
+    stream_min: as softmax_rows's."""
     cdef Py_buffer xv, ov
     cdef int code, d
     cdef Py_ssize_t n, rows, work
@@ -304,13 +318,16 @@ def softmax_fast(x, out, bint log_out, int n_threads, empty):
             work = (rows * n) >> 15                     # as threads_for_work(..., 1 << 15)
             if n_threads > work:
                 n_threads = <int>(work if work > 0 else 1)
+            if stream_min < 0:
+                stream_min = STREAM_MIN_BYTES
             with nogil:
                 if code == 8:
                     softmax_row_tasks(<const double*>xv.buf, <double*>ov.buf, rows, n,
                                       NULL, 0, 0, NULL, 0, 0, log_out, n_threads)
                 else:
                     softmax_row_tasks(<const float*>xv.buf, <float*>ov.buf, rows, n,
-                                      NULL, 0, 0, NULL, 0, 0, log_out, n_threads)
+                                      NULL, 0, 0, NULL, 0, 0, log_out, n_threads,
+                                      ov.len >= stream_min)
         finally:
             PyBuffer_Release(&ov)
     finally:

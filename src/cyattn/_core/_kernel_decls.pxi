@@ -34,6 +34,7 @@ cdef extern from "_cyattn_support.h" nogil:
                          Py_ssize_t ks, Py_ssize_t n, int fmt, float scale, const void* v,
                          Py_ssize_t vs, Py_ssize_t nv, Py_ssize_t pf_bytes)
     int CYATTN_ROWK
+    int CYATTN_ROWS_STREAM
     void cyattn_rows_max_min_f32(const float* x, Py_ssize_t n, float* pmax, float* pmin)
     void cyattn_rows_exp_sum_f32(const float* x, float* y, Py_ssize_t n, float shift, float* part)
     void cyattn_rows_scale_f32(float* y, Py_ssize_t n, float factor)
@@ -41,12 +42,18 @@ cdef extern from "_cyattn_support.h" nogil:
                                int log_out)
     Py_ssize_t cyattn_softmax_rows_f32(const float* x, float* y, Py_ssize_t rows, Py_ssize_t n,
                                        int log_out)
+    Py_ssize_t cyattn_softmax_rows_f32_nt(const float* x, float* y, float* s, Py_ssize_t rows,
+                                          Py_ssize_t n, int log_out)
+    void cyattn_sfence()
     void cyattn_tile12x8_f32(Py_ssize_t kc, const float* pa, Py_ssize_t ps, const float* pb,
                              Py_ssize_t pbs, float* c, Py_ssize_t rsc, float alpha, int overwrite)
     int CYATTN_NEON_TILE
     void cyattn_tile8x12_f32(Py_ssize_t kc, const float* pa, const float* pb, float* acc)
     int cyattn_any_nonfinite_f32(const float* v, Py_ssize_t n)
     int cyattn_cpu_features()
+    void cyattn_cpu_identity(char* vendor, int* family, int* model)
+    int cyattn_amx_request_perm()
+    long long cyattn_llc_bytes()
     int cyattn_openmp_enabled()
     int cyattn_omp_max_threads()
     int cyattn_omp_num_procs()
@@ -64,6 +71,45 @@ cdef extern from "_cyattn_support.h" nogil:
         CYATTN_HAVE_TRANSPOSE
         CYATTN_HAVE_TILE12X8
     float cyattn_bf16_dot_step(float acc, uint32_t a, uint32_t b)
+    enum:
+        CYATTN_HAVE_AMX
+        AMX_KB "CYATTN_AMX_KB"
+        AMX_BLOCK "CYATTN_AMX_BLOCK"
+        AMX_CHUNK "CYATTN_AMX_CHUNK"
+        AMX_MODEL_BYTES "CYATTN_AMX_MODEL_BYTES"
+    void cyattn_amx_pack_rows(Py_ssize_t rows, Py_ssize_t cols, const uint16_t* src,
+                              Py_ssize_t rs, Py_ssize_t cs, Py_ssize_t rows_total, Py_ssize_t ld,
+                              uint16_t* dst)
+    void cyattn_amx_pack_pt(const uint32_t* p_pairs, Py_ssize_t kpn, Py_ssize_t nkc,
+                            uint32_t* dst)
+    void cyattn_amx_begin_model(void* ctx)
+    void cyattn_amx_begin_hw(void* ctx)
+    void cyattn_amx_end_model(void* ctx)
+    void cyattn_amx_end_hw(void* ctx)
+    void cyattn_amx_scores_model(void* ctx, const uint16_t* kbuf, Py_ssize_t ld_k, Py_ssize_t ne,
+                                 const uint16_t* qt, Py_ssize_t k0, Py_ssize_t nkc, float* tile)
+    void cyattn_amx_scores_hw(void* ctx, const uint16_t* kbuf, Py_ssize_t ld_k, Py_ssize_t ne,
+                              const uint16_t* qt, Py_ssize_t k0, Py_ssize_t nkc, float* tile)
+    void cyattn_amx_pv_model(void* ctx, const uint16_t* vt, Py_ssize_t ld_v, Py_ssize_t Ev,
+                             Py_ssize_t k0, Py_ssize_t nkc, const uint32_t* pt, float* ot,
+                             Py_ssize_t ld_o)
+    void cyattn_amx_pv_hw(void* ctx, const uint16_t* vt, Py_ssize_t ld_v, Py_ssize_t Ev,
+                          Py_ssize_t k0, Py_ssize_t nkc, const uint32_t* pt, float* ot,
+                          Py_ssize_t ld_o)
+    void cyattn_amx_pack_b(Py_ssize_t K, Py_ssize_t n_here, const uint16_t* b, Py_ssize_t rsb,
+                           Py_ssize_t csb, uint16_t* dst)
+    void cyattn_amx_tile_product_model(const uint16_t* a, const uint16_t* b, const uint32_t* c0,
+                                       uint32_t* out)
+    void cyattn_amx_tile_product_hw(const uint16_t* a, const uint16_t* b, const uint32_t* c0,
+                                    uint32_t* out)
+    void cyattn_amx_gemm_panel_model(Py_ssize_t M, Py_ssize_t K, const uint16_t* a,
+                                     Py_ssize_t rsa, Py_ssize_t csa, const uint16_t* pb,
+                                     uint16_t* abuf, void* c, Py_ssize_t rsc, Py_ssize_t csc,
+                                     Py_ssize_t n_here, float alpha, int c_fmt)
+    void cyattn_amx_gemm_panel_hw(Py_ssize_t M, Py_ssize_t K, const uint16_t* a,
+                                  Py_ssize_t rsa, Py_ssize_t csa, const uint16_t* pb,
+                                  uint16_t* abuf, void* c, Py_ssize_t rsc, Py_ssize_t csc,
+                                  Py_ssize_t n_here, float alpha, int c_fmt)
     float cyattn_bf16_dot_lane_hw(float acc, uint32_t a, uint32_t b)
     void cyattn_bf16_tile_emul(Py_ssize_t kp, const uint32_t* pa, const uint32_t* pb, float* c,
                                Py_ssize_t rsc, Py_ssize_t csc, Py_ssize_t m_here,

@@ -7,6 +7,7 @@ include "_softmax_rows.pxi"       # softmax / log_softmax rows, masked and unmas
 include "_encoder_rows.pxi"       # bias + GELU and LayerNorm rows (cyattn.encoder)
 include "_gemm.pxi"               # packing, micro-kernels, GEMM drivers (matmul_accumulate)
 include "_gemm_bf16.pxi"          # bf16 GEMM on bf16 dot products (precision="fast")
+include "_gemm_amx.pxi"           # bf16 GEMM on AMX tiles (hardware or the portable model)
 include "_attention_variants.pxi" # row limits (causal, window, lengths), softcap, ALiBi, sinks
 include "_attention_fused.pxi"    # fused attention: tasks, panels, masks, online softmax
 include "_attention_two_pass.pxi" # the two-pass path that redoes non-finite rows

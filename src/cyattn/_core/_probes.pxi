@@ -6,6 +6,23 @@ def cpu_features():
     return cyattn_cpu_features()
 
 
+def cpu_identity():
+    """``(vendor, family, model)`` from CPUID leaves 0 and 1: the vendor string
+    (``"GenuineIntel"``, ``"AuthenticAMD"``, ...; ``""`` off x86) and the display family and
+    model (see _cyattn_cpu.h), which cyattn._backend.bf16_path keys the bf16 path on."""
+    cdef char vendor[13]
+    cdef int family = 0, model = 0
+    cyattn_cpu_identity(vendor, &family, &model)
+    return vendor[:12].decode("ascii", "replace").rstrip("\0"), family, model
+
+
+def amx_request_permission():
+    """Ask Linux for the AMX tile data state of this process (arch_prctl
+    ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); 0 when granted, the errno of a refusal, -1 off
+    Linux x86-64. Only cyattn._backend calls it, once, before loading the amx variant."""
+    return cyattn_amx_request_perm()
+
+
 def openmp_enabled():
     """True if this module was compiled with OpenMP."""
     return bool(cyattn_openmp_enabled())

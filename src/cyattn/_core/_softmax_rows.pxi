@@ -437,6 +437,22 @@ cdef void softmax_pair_to(const floating* x0, floating* y0, const floating* x1, 
     row_scale(y1, n, <floating>1 / t1)
 
 
+# The output size in bytes from which unmasked float32 softmax rows write their output by
+# non-temporal stores (softmax_row_run's stream): half the host's last-level cache as CPUID
+# gives it (cyattn_llc_bytes; 16 MiB where it does not say), i.e. from where an out-of-place
+# call's input and output together no longer fit that cache: the output cannot stay cached for
+# its reader then, and its lines are not worth the read for ownership an ordinary store pays
+# (nor the input's lines it would evict). Zen 5, 32 MiB L3, 1 thread, 512-float rows, ordinary
+# pipelined rows against the streamed ones: 8 MiB out 0.29 / 0.35 ms (streaming loses, also
+# with a copy of the output after the call), 16 MiB 0.93 / 0.88, 24 MiB 1.46 / 1.37, 32 MiB
+# 6.1 / 1.8 (bench/results/softmax_stream.md). Only in the variants with 512-bit vectors
+# (CYATTN_ROWS_STREAM; elsewhere never, see _cyattn_softmax_rows.h). Read once, at import (a
+# constant of the host, never written again).
+cdef Py_ssize_t STREAM_MIN_BYTES = (
+    (<Py_ssize_t>(cyattn_llc_bytes() // 2) or (16 << 20)) if CYATTN_ROWS_STREAM
+    else (<Py_ssize_t>1) << 62)
+
+
 cdef void softmax_row_run(const float* x, float* y, Py_ssize_t r0, Py_ssize_t r1,
                           Py_ssize_t n, bint log_out) noexcept nogil:
     """Unmasked float32 softmax (log_out: log-softmax) of the C-contiguous rows r0 .. r1 of
@@ -453,10 +469,35 @@ cdef void softmax_row_run(const float* x, float* y, Py_ssize_t r0, Py_ssize_t r1
             r += 1
 
 
+cdef void softmax_row_run_stream(const float* x, float* y, Py_ssize_t r0, Py_ssize_t r1,
+                                 Py_ssize_t n, bint log_out) noexcept nogil:
+    """softmax_row_run for an output far larger than the caches (STREAM_MIN_BYTES): the rows
+    by cyattn_softmax_rows_f32_nt instead, the exp values in a scratch row of this thread and y
+    written once by non-temporal stores (the same bits), then a store fence, so that the rows
+    are visible to whichever thread reads them after the parallel region (if the scratch row
+    cannot be allocated, softmax_row_run). A function of its own: with both bodies inlined
+    into one, the pipelined rows of the avx2 variant ran about 5 % slower in cache."""
+    cdef Py_ssize_t r = r0
+    cdef void* raw = malloc(n * sizeof(float) + ALIGN)
+    cdef float* scratch
+    if raw == NULL:
+        softmax_row_run(x, y, r0, r1, n, log_out)
+        return
+    scratch = <float*>(((<uintptr_t>raw) + ALIGN - 1) & ~(<uintptr_t>(ALIGN - 1)))
+    while r < r1:
+        r += cyattn_softmax_rows_f32_nt(x + r * n, y + r * n, scratch, r1 - r, n, log_out)
+        if r < r1:
+            softmax_row(x + r * n, y + r * n, n, NULL, 0, <const float*>NULL, 0, log_out,
+                        x != y and not log_out)
+            r += 1
+    cyattn_sfence()
+    free(raw)
+
+
 cdef void softmax_row_tasks(const floating* x, floating* y, Py_ssize_t rows, Py_ssize_t n,
                             const uint8_t* bmask, Py_ssize_t b_rs, Py_ssize_t b_cs,
                             const floating* amask, Py_ssize_t a_rs, Py_ssize_t a_cs,
-                            bint log_out, int n_threads) noexcept nogil:
+                            bint log_out, int n_threads, bint stream=False) noexcept nogil:
     cdef Py_ssize_t r, pair, t
     cdef bint direct = bmask == NULL and amask == NULL and x != y and not log_out
     cdef bint pairs = direct and n >= LANES
@@ -466,7 +507,14 @@ cdef void softmax_row_tasks(const floating* x, floating* y, Py_ssize_t rows, Py_
             if bmask == NULL and amask == NULL and n >= LANES:
                 # unmasked (log-)softmax: runs of rows pipelined (softmax_row_run), each
                 # thread one contiguous share of the rows
-                if n_threads <= 1:
+                if stream and n_threads <= 1:
+                    softmax_row_run_stream(<const float*>x, <float*>y, 0, rows, n, log_out)
+                elif stream:
+                    for t in prange(n_threads, num_threads=n_threads, schedule='static'):
+                        softmax_row_run_stream(<const float*>x, <float*>y,
+                                               rows * t // n_threads,
+                                               rows * (t + 1) // n_threads, n, log_out)
+                elif n_threads <= 1:
                     softmax_row_run(<const float*>x, <float*>y, 0, rows, n, log_out)
                 else:
                     for t in prange(n_threads, num_threads=n_threads, schedule='static'):

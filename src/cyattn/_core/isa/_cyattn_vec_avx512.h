@@ -97,6 +97,8 @@ CYATTN_INLINE void cyattn_dot_keys(float* scores, ptrdiff_t ss, const float* q, 
 #define CYATTN_RW 16
 #define cyattn_rload _mm512_loadu_ps
 #define cyattn_rstore _mm512_storeu_ps
+/* non-temporal store of a vector to a 64-byte aligned address (the output rows past the caches) */
+#define cyattn_rstream _mm512_stream_ps
 #define cyattn_rset1 _mm512_set1_ps
 #define cyattn_rmax _mm512_max_ps
 #define cyattn_rmin _mm512_min_ps
