@@ -324,6 +324,11 @@ cdef void micro_kernel_f32(Py_ssize_t kc, const float* pa, const float* pb,
                 a_i = pa[p * MR + i]
                 for j in range(NR):
                     acc[i][j] += a_i * pb[p * NR + j]
+    if CYATTN_TILE_OUT_FMA:
+        # aarch64: C (+)= alpha acc by explicit fused multiply-adds, as in every micro-kernel
+        # there (isa/_cyattn_vec_neon.h says why); a C constant, 0 on x86
+        cyattn_tile_out_f32(&acc[0][0], NR, c, rsc, csc, m_here, n_here, alpha, overwrite)
+        return
     if m_here == MR and n_here == NR and csc == 1:
         for i in range(MR):
             c_row = c + i * rsc
@@ -379,6 +384,9 @@ cdef void micro_kernel_f64(Py_ssize_t kc, const double* pa, const double* pb,
             a_i = pa[p * MRD + i]
             for j in range(NRD):
                 acc[i][j] += a_i * pb[p * NRD + j]
+    if CYATTN_TILE_OUT_FMA:     # aarch64, as in micro_kernel_f32
+        cyattn_tile_out_f64(&acc[0][0], NRD, c, rsc, csc, m_here, n_here, alpha, overwrite)
+        return
     if m_here == MRD and n_here == NRD and csc == 1:
         for i in range(MRD):
             c_row = c + i * rsc
@@ -427,6 +435,9 @@ cdef void micro_kernel_direct(Py_ssize_t kc, const floating* a, Py_ssize_t rsa,
                 a_i = ar[i][p]
                 for j in range(DNR):
                     acc[i][j] += a_i * bp[j]
+        if CYATTN_TILE_OUT_FMA:     # aarch64, as in micro_kernel_f32
+            cyattn_tile_out_f32(&acc[0][0], DNR_MAX, c, rsc, csc, m_here, n_here, alpha, False)
+            return
         if m_here == DMR and n_here == DNR and csc == 1:
             for i in range(DMR):
                 c_row = c + i * rsc
@@ -446,6 +457,9 @@ cdef void micro_kernel_direct(Py_ssize_t kc, const floating* a, Py_ssize_t rsa,
                 a_i = ar[i][p]
                 for j in range(DNRD):
                     acc[i][j] += a_i * bp[j]
+        if CYATTN_TILE_OUT_FMA:     # aarch64, as in micro_kernel_f32
+            cyattn_tile_out_f64(&acc[0][0], DNR_MAX, c, rsc, csc, m_here, n_here, alpha, False)
+            return
         if m_here == DMRD and n_here == DNRD and csc == 1:
             for i in range(DMRD):
                 c_row = c + i * rsc
@@ -480,6 +494,9 @@ cdef void micro_kernel_row(Py_ssize_t kc, const floating* a, const floating* b,
             for i in range(MR):
                 for j in range(NR):
                     acc[i][j] += a_p * bp[i * NR + j]
+        if CYATTN_TILE_OUT_FMA:     # aarch64, as in micro_kernel_f32 (c holds MR * NR columns)
+            cyattn_tile_out_f32(&acc[0][0], NR, c, NR, 1, MR, NR, alpha, False)
+            return
         for i in range(MR):
             for j in range(NR):
                 c[i * NR + j] += alpha * acc[i][j]
@@ -494,6 +511,9 @@ cdef void micro_kernel_row(Py_ssize_t kc, const floating* a, const floating* b,
             for i in range(MRD):
                 for j in range(NRD):
                     acc[i][j] += a_p * bp[i * NRD + j]
+        if CYATTN_TILE_OUT_FMA:     # aarch64, as above (acc's rows are NR apart here too)
+            cyattn_tile_out_f64(&acc[0][0], NR, c, NRD, 1, MRD, NRD, alpha, False)
+            return
         for i in range(MRD):
             for j in range(NRD):
                 c[i * NRD + j] += alpha * acc[i][j]

@@ -159,4 +159,87 @@ static inline void cyattn_tile8x12_f32(ptrdiff_t kc, const float* pa, const floa
 }
 #endif
 
+/* ---- the micro-kernels' last step on aarch64: C (+)= alpha * acc, fused ------------------ */
+/* c[i * rsc + j * csc] = alpha * acc[i * ras + j] (overwrite) or fma(alpha, acc[...], c[...])
+   (one rounding) for i < m, j < n: the last step of every float32 / float64 GEMM micro-kernel
+   of both aarch64 modules (micro_kernel_f32/_f64, micro_kernel_direct, micro_kernel_row in
+   _gemm.pxi; CYATTN_TILE_OUT_FMA is 1 here, 0 elsewhere, where the Cython loops stay).
+   Why explicit: the x86 FMA variants compute C = fma(alpha, sum, C) in every micro-kernel, as
+   gcc contracts each kernel's `c += alpha * acc` (_cyattn_tile_narrow.h writes the same out);
+   for aarch64 gcc 12 left the update of the packed kernels (micro_kernel_f32 / _f64: the
+   product alpha * acc shared by their overwrite and accumulate branches) as FMUL + FADD but
+   fused it in the unpacked ones, so the packed and unpacked paths of one product, and so the
+   tilings that thread counts choose, differed by an ulp (12 neon tests under qemu). Written
+   with FMLA / FMADD, every path rounds the same way, whatever gcc makes of the loops; the sums
+   themselves (acc) are fused multiply-adds in every kernel (FMLA, as the neon tile and gcc's
+   contraction of the Cython k loops both give). */
+#include <stddef.h>
+#if defined(__aarch64__) || defined(_M_ARM64)
+#include <arm_neon.h>
+#include <math.h>
+#define CYATTN_TILE_OUT_FMA 1
+static inline void cyattn_tile_out_f32(const float* acc, ptrdiff_t ras, float* c, ptrdiff_t rsc,
+                                       ptrdiff_t csc, ptrdiff_t m, ptrdiff_t n, float alpha,
+                                       int overwrite) {
+    ptrdiff_t i, j;
+    for (i = 0; i < m; i++) {
+        const float* a = acc + i * ras;
+        float* ci = c + i * rsc;
+        j = 0;
+        if (csc == 1) {
+            if (overwrite)
+                for (; j + 4 <= n; j += 4)
+                    vst1q_f32(ci + j, vmulq_n_f32(vld1q_f32(a + j), alpha));
+            else
+                for (; j + 4 <= n; j += 4)
+                    vst1q_f32(ci + j, vfmaq_n_f32(vld1q_f32(ci + j), vld1q_f32(a + j), alpha));
+        }
+        if (overwrite)
+            for (; j < n; j++)
+                ci[j * csc] = alpha * a[j];
+        else
+            for (; j < n; j++)
+                ci[j * csc] = fmaf(alpha, a[j], ci[j * csc]);
+    }
+}
+static inline void cyattn_tile_out_f64(const double* acc, ptrdiff_t ras, double* c,
+                                       ptrdiff_t rsc, ptrdiff_t csc, ptrdiff_t m, ptrdiff_t n,
+                                       double alpha, int overwrite) {
+    ptrdiff_t i, j;
+    for (i = 0; i < m; i++) {
+        const double* a = acc + i * ras;
+        double* ci = c + i * rsc;
+        j = 0;
+        if (csc == 1) {
+            if (overwrite)
+                for (; j + 2 <= n; j += 2)
+                    vst1q_f64(ci + j, vmulq_n_f64(vld1q_f64(a + j), alpha));
+            else
+                for (; j + 2 <= n; j += 2)
+                    vst1q_f64(ci + j, vfmaq_n_f64(vld1q_f64(ci + j), vld1q_f64(a + j), alpha));
+        }
+        if (overwrite)
+            for (; j < n; j++)
+                ci[j * csc] = alpha * a[j];
+        else
+            for (; j < n; j++)
+                ci[j * csc] = fma(alpha, a[j], ci[j * csc]);
+    }
+}
+#else
+#define CYATTN_TILE_OUT_FMA 0   /* x86: the Cython loops (fused by gcc with FMA, else not) */
+static inline void cyattn_tile_out_f32(const float* acc, ptrdiff_t ras, float* c, ptrdiff_t rsc,
+                                       ptrdiff_t csc, ptrdiff_t m, ptrdiff_t n, float alpha,
+                                       int overwrite) {
+    (void)acc; (void)ras; (void)c; (void)rsc; (void)csc; (void)m; (void)n; (void)alpha;
+    (void)overwrite;
+}
+static inline void cyattn_tile_out_f64(const double* acc, ptrdiff_t ras, double* c,
+                                       ptrdiff_t rsc, ptrdiff_t csc, ptrdiff_t m, ptrdiff_t n,
+                                       double alpha, int overwrite) {
+    (void)acc; (void)ras; (void)c; (void)rsc; (void)csc; (void)m; (void)n; (void)alpha;
+    (void)overwrite;
+}
+#endif
+
 #endif /* CYATTN_VEC_NEON_H */
