@@ -4,7 +4,8 @@ The compiled core lives in src/cyattn/_core/ (the variant .pyx files, the .pxi l
 _kernel_sources.pxi lists, the portable C headers; isa/ holds one header per instruction set).
 The same Cython sources are compiled as
   * cyattn._kernels_baseline: no -march (x86-64 SSE2, armv8-a NEON), runs on every CPU;
-  * cyattn._kernels_neon (aarch64 only): -march=armv8-a (Advanced SIMD is in every aarch64
+  * cyattn._kernels_neon (aarch64 only; opt-in, CYATTN_BACKEND=neon, never the default until
+    it has run on an aarch64 CPU): -march=armv8-a (Advanced SIMD is in every aarch64
     CPU) plus CYATTN_ISA_NEON, which selects the explicit NEON vectors of
     _core/isa/_cyattn_vec_neon.h and the 8 x 12 micro-kernel tile;
   * cyattn._kernels_avx2 (x86-64 only): -mavx2 -mfma -mf16c (x86-64-v3; MSVC: /arch:AVX2);
@@ -154,9 +155,9 @@ def _extensions():
     variants = ["baseline"]
     if _target_is_x86_64():
         variants += ["avx2", "avx512", "avx512bf16", "amx"]
-    elif _target_is_aarch64() and _env_flag("CYATTN_EXPERIMENTAL_NEON"):
-        # not built by default yet: under qemu 12 kernel tests still fail on bits (the unpacked
-        # and packed GEMM paths, and tile-size invariance, differ by an ulp); see issue 47
+    elif _target_is_aarch64():
+        # opt-in at run time (CYATTN_BACKEND=neon, cyattn._backend.OPT_IN): tested under qemu,
+        # not yet on aarch64 hardware
         variants += ["neon"]
     # macros of one variant: CYATTN_ISA_NEON turns on the NEON vocabulary (the baseline module
     # is compiled for the same architecture, so the flags alone cannot tell them apart)

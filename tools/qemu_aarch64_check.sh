@@ -26,7 +26,6 @@
 #   as the cross build imports the host's Cython and setuptools; the target is bookworm's 3.11);
 #   CYATTN_QEMU_FALLBACK_CPU (default cortex-a72); CYATTN_QEMU_PYTEST_MAX /
 #   CYATTN_QEMU_PYTEST_FALLBACK: pytest arguments of step 5 per CPU ("skip" skips them);
-#   CYATTN_EXPERIMENTAL_NEON=1 builds and tests the neon variant too (setup.py);
 #   CYATTN_QEMU_TIMEOUT (default 1500): seconds the whole check may take before it is stopped
 #   (timeout(1) per emulated command, each given what is left).
 # Exit status: 0 when every check passed, 1 otherwise (the failing step is named).
@@ -153,11 +152,10 @@ case " ${built[*]} " in
         "$py" "$root/tools/aarch64_disasm_check.py" "$work"/src/src/cyattn/_kernels_neon"$target_suffix" ||
             fail "the neon micro-kernel's k loop is not the 8 x 12 shape" ;;
 esac
-# The best variant the dispatcher may pick on each CPU: the bf16 variant where FEAT_BF16 is.
+# The variant the dispatcher picks by itself: the baseline on every aarch64 CPU, as neon is
+# opt-in (cyattn._backend.OPT_IN: it has run under qemu only); the tests still run every
+# variant the CPU runs, neon included (conftest: available_variants() + runnable_opt_in()).
 best_max=baseline; best_fallback=baseline
-for v in baseline neon neon_bf16; do
-    case " ${built[*]} " in *" $v "*) best_max=$v; [ "$v" = neon_bf16 ] || best_fallback=$v ;; esac
-done
 
 step "control: BFDOT under -cpu max and -cpu $fallback_cpu"
 cat > "$work/bf16_probe.c" <<'EOF'
@@ -230,6 +228,17 @@ run_cpu() {
     cat "$work/check-$cpu.txt"
     grep -q "cases match the oracle" "$work/check-$cpu.txt" || fail "check printed no result"
     echo "check: $((SECONDS - t0))s"
+    # the opt-in neon variant, forced (the dispatcher never picks it by itself)
+    case " ${built[*]} " in
+        *" neon "*)
+            step "CYATTN_BACKEND=neon python -m cyattn check under -cpu $cpu"
+            "${emu[@]:0:5}" CYATTN_BACKEND=neon "${emu[@]:5}" -m cyattn check \
+                > "$work/check-neon-$cpu.txt" 2>&1 ||
+                { cat "$work/check-neon-$cpu.txt"; fail "neon check under -cpu $cpu"; }
+            cat "$work/check-neon-$cpu.txt"
+            grep -q "cases match the oracle" "$work/check-neon-$cpu.txt" ||
+                fail "check printed no result" ;;
+    esac
 
     if [ "$pytest_args" != skip ]; then
         step "kernel suites under -cpu $cpu: pytest $pytest_args"
