@@ -19,7 +19,10 @@
 #      kernel suites (tests/test_kernels.py per variant, plus the selection below). Child
 #      interpreters started by the tests (sys.executable) run under the same emulated CPU.
 #
-# Usage: tools/qemu_aarch64_check.sh [--cache DIR]
+# Usage: tools/qemu_aarch64_check.sh [--cache DIR] [--quick]
+#   --quick (CI): the kernel suites of step 5 cut to the neon variant's GEMM, softmax and
+#   attention tests of tests/test_kernels.py on -cpu max and its GEMM tests on the fall-back CPU
+#   (the CYATTN_QEMU_PYTEST_* variables still override); the rest by hand.
 #   DIR keeps the root file system and the wheels between runs (about 400 MB; the second run
 #   skips step 2). Without it everything goes to a temporary folder removed on exit.
 # Environment: PYTHON (default python3, must be CPython 3.11 with Cython >= 3.1 and setuptools,
@@ -34,6 +37,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 py=${PYTHON:-python3}
 cache=""
+quick=0
 fallback_cpu=${CYATTN_QEMU_FALLBACK_CPU:-cortex-a72}
 budget=${CYATTN_QEMU_TIMEOUT:-1500}
 check_name=qemu_aarch64_check
@@ -42,6 +46,7 @@ source "$root/tools/_steps.sh"
 while [ $# -gt 0 ]; do
     case "$1" in
         --cache) [ $# -ge 2 ] || usage_error "--cache needs a folder"; cache=$2; shift 2 ;;
+        --quick) quick=1; shift ;;
         -h|--help) print_help; exit 0 ;;
         *) usage_error "unknown argument $1 (see --help)" ;;
     esac
@@ -259,13 +264,19 @@ run_cpu() {
 # By default the kernel suite and the thread-count invariance tests of every variant but the
 # baseline (whose loops are the portable code that the x86 baseline already tests natively:
 # CYATTN_QEMU_PYTEST_MAX=tests/test_kernels.py adds it, about 640 tests more).
-run_cpu max "$best_max" \
-    "${CYATTN_QEMU_PYTEST_MAX:-tests/test_kernels.py tests/test_threads.py -k 'not baseline'}"
+if [ "$quick" = 1 ]; then
+    max_default="tests/test_kernels.py -k 'neon and (matmul or gemm or softmax or attention)'"
+    fallback_default="tests/test_kernels.py -k 'neon and (matmul or gemm)'"
+else
+    max_default="tests/test_kernels.py tests/test_threads.py -k 'not baseline'"
+    fallback_default="tests/test_kernels.py -k 'not baseline and (matmul or gemm)'"
+fi
+run_cpu max "$best_max" "${CYATTN_QEMU_PYTEST_MAX:-$max_default}"
 # The fall-back CPU: the dispatcher must avoid the bf16 variant; the matmul (micro-kernel) tests
 # of the non-bf16 variants run on an Armv8.0 core (no instruction of a later architecture may
 # have slipped in).
 run_cpu "$fallback_cpu" "$best_fallback" \
-    "${CYATTN_QEMU_PYTEST_FALLBACK:-tests/test_kernels.py -k 'not baseline and (matmul or gemm)'}"
+    "${CYATTN_QEMU_PYTEST_FALLBACK:-$fallback_default}"
 
 echo
 echo "$check_name: all checks passed in $((SECONDS - start))s (variants: ${built[*]})"
