@@ -4,6 +4,10 @@ The compiled core lives in src/cyattn/_core/ (the variant .pyx files, the .pxi l
 _kernel_sources.pxi lists, the portable C headers; isa/ holds one header per instruction set).
 The same Cython sources are compiled as
   * cyattn._kernels_baseline: no -march (x86-64 SSE2, armv8-a NEON), runs on every CPU;
+  * cyattn._kernels_neon (aarch64 only; opt-in, CYATTN_BACKEND=neon, never the default until
+    it has run on an aarch64 CPU): -march=armv8-a (Advanced SIMD is in every aarch64
+    CPU) plus CYATTN_ISA_NEON, which selects the explicit NEON vectors of
+    _core/isa/_cyattn_vec_neon.h and the 8 x 12 micro-kernel tile;
   * cyattn._kernels_avx2 (x86-64 only): -mavx2 -mfma -mf16c (x86-64-v3; MSVC: /arch:AVX2);
   * cyattn._kernels_avx512 (x86-64 only): AVX-512 F/VL/BW/DQ + FMA (MSVC: /arch:AVX512),
     the x86-64-v4 feature set, with its own micro-kernel tile sizes (512-bit registers);
@@ -39,6 +43,18 @@ def _target_is_x86_64():
     if "arm64" in archflags and "x86_64" not in archflags:
         return False
     return plat.endswith(("x86_64", "amd64")) or plat in ("win-amd64",)
+
+
+def _target_is_aarch64():
+    """True when building for aarch64 / arm64 (Linux, macOS arm64, Windows ARM64), also when
+    cross-compiling (_PYTHON_HOST_PLATFORM, as tools/qemu_aarch64_check.sh does; ARCHFLAGS)."""
+    plat = (os.environ.get("_PYTHON_HOST_PLATFORM") or sysconfig.get_platform()).lower()
+    archflags = os.environ.get("ARCHFLAGS", "")
+    if "arm64" in archflags and "x86_64" not in archflags:
+        return True
+    if "x86_64" in archflags:
+        return False
+    return plat.endswith(("aarch64", "arm64"))
 
 
 def _env_flag(name):
@@ -80,7 +96,7 @@ class BuildExt(build_ext):
             base = ["/O2"]
             omp_c, omp_l = ["/openmp"], []
             isa = {"avx2": ["/arch:AVX2"], "avx512": ["/arch:AVX512"],
-                   "avx512bf16": ["/arch:AVX512"], "amx": ["/arch:AVX512"]}
+                   "avx512bf16": ["/arch:AVX512"], "amx": ["/arch:AVX512"], "neon": []}
         else:
             base = ["-O3", "-fno-strict-aliasing"]
             if sys.platform == "darwin":
@@ -96,6 +112,8 @@ class BuildExt(build_ext):
                          "_tile_dpbf16ps(1, 0, 2);_tile_release();}\n")
             isa["amx"] = isa["avx512bf16"] + (
                 amx if self._compiles(isa["avx512bf16"] + amx, amx_probe) else [])
+            # Apple's clang targets armv8.x of its own CPUs by default: name the baseline
+            isa["neon"] = ["-march=armv8-a"]
         use_omp = not _env_flag("CYATTN_NO_OPENMP") and self._compiles_and_links(omp_c, omp_l)
         self.cyattn_openmp = use_omp
         for ext in self.extensions:
@@ -134,14 +152,22 @@ class BuildExt(build_ext):
 def _extensions():
     from Cython.Build import cythonize
 
-    variants = ["baseline"] + (["avx2", "avx512", "avx512bf16", "amx"] if _target_is_x86_64()
-                               else [])
+    variants = ["baseline"]
+    if _target_is_x86_64():
+        variants += ["avx2", "avx512", "avx512bf16", "amx"]
+    elif _target_is_aarch64():
+        # opt-in at run time (CYATTN_BACKEND=neon, cyattn._backend.OPT_IN): tested under qemu,
+        # not yet on aarch64 hardware
+        variants += ["neon"]
+    # macros of one variant: CYATTN_ISA_NEON turns on the NEON vocabulary (the baseline module
+    # is compiled for the same architecture, so the flags alone cannot tell them apart)
+    macros = {"neon": [("CYATTN_ISA_NEON", "1")]}
     exts = [
         Extension(
             f"cyattn._kernels_{v}",
             [f"src/cyattn/_core/_kernels_{v}.pyx"],
             include_dirs=["src/cyattn/_core", "src/cyattn/_core/isa"],
-            define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+            define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")] + macros.get(v, []),
         )
         for v in variants
     ]

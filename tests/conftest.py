@@ -43,7 +43,8 @@ import pytest
 import cyattn
 from cyattn import _backend, oracle
 
-VARIANTS = _backend.available_variants()
+# the variants the dispatcher may pick, and the opt-in ones this CPU runs (neon on aarch64)
+VARIANTS = _backend.available_variants() + _backend.runnable_opt_in()
 
 FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 

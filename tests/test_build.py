@@ -30,9 +30,10 @@ from conftest import child_env
 import cyattn
 from cyattn import _backend
 
-KNOWN = ("baseline", "avx2", "avx512", "avx512bf16")
+KNOWN = ("baseline", "neon", "avx2", "avx512", "avx512bf16")
 IS_X86_64 = (platform.machine().lower() in ("x86_64", "amd64", "x64")
              and sys.maxsize > 2 ** 32)
+IS_AARCH64 = platform.machine().lower() in ("aarch64", "arm64")
 
 
 def _built(name):
@@ -79,6 +80,12 @@ def test_other_builds_hold_only_the_baseline():
     assert _built("baseline")
     assert not _built("avx2") and not _built("avx512") and not _built("avx512bf16")
     assert not _built("amx")
+    # aarch64 builds add the opt-in neon variant, others nothing
+
+
+@pytest.mark.skipif(IS_AARCH64, reason="not aarch64 only")
+def test_non_aarch64_builds_have_no_neon_variant():
+    assert not _built("neon")
 
 
 def test_variant_modules_are_what_they_say():
@@ -105,6 +112,8 @@ def test_available_variants_match_cpu_features():
     feats = set(_backend.cpu_features())
     avail = _backend.available_variants()
     assert avail[0] == "baseline"
+    assert "neon" not in avail and "amx" not in avail      # opt-in only (OPT_IN)
+    assert _backend.runnable_opt_in() == (["neon"] if _built("neon") and "neon" in feats else [])
     can_avx2 = {"avx", "avx2", "fma", "os_ymm"} <= feats
     assert ("avx2" in avail) == (_built("avx2") and can_avx2)
     can_avx512 = can_avx2 and {"avx512f", "avx512vl", "avx512bw", "avx512dq", "os_zmm"} <= feats
@@ -165,13 +174,14 @@ def test_forcing_an_unknown_variant_is_an_import_error(tmp_path, name):
     proc = _run("import cyattn", tmp_path, backend=name)
     assert proc.returncode != 0
     message = (f"ImportError: cyattn: unknown kernel variant {name.lower()!r}; "
-               "expected one of 'baseline', 'avx2', 'avx512', 'avx512bf16', 'amx'")
+               "expected one of 'baseline', 'avx2', 'avx512', 'avx512bf16', 'amx', 'neon'")
     assert message in proc.stderr, proc.stderr
 
 
 def test_load_variant_unknown_name():
     with pytest.raises(ImportError, match=r"unknown kernel variant 'sse9'; expected one of "
-                                          r"'baseline', 'avx2', 'avx512', 'avx512bf16', 'amx'"):
+                                          r"'baseline', 'avx2', 'avx512', 'avx512bf16', 'amx', "
+                                          r"'neon'"):
         _backend.load_variant("sse9")
 
 
@@ -188,6 +198,20 @@ def test_forcing_an_unrunnable_variant_is_an_import_error(tmp_path, name):
     proc = _run("import cyattn", tmp_path, backend=name)
     assert proc.returncode != 0
     assert f"ImportError: {why}" in proc.stderr, proc.stderr
+
+
+def test_neon_variant_is_opt_in(tmp_path):
+    """neon (aarch64) is never the default (it has run under qemu only); forcing it loads it
+    where built, and elsewhere is an ImportError that says it is not built."""
+    assert "neon" not in _backend.available_variants()
+    proc = _run(_PROBE, tmp_path, backend="neon")
+    if _built("neon"):
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split()[0] == "neon"
+        default = _run(_PROBE, tmp_path)
+        assert default.returncode == 0 and default.stdout.split()[0] == "baseline"
+    else:
+        assert "the 'neon' kernel variant is not built into this install" in proc.stderr
 
 
 def test_amx_variant_is_opt_in(tmp_path):

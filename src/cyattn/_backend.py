@@ -3,7 +3,9 @@
 The baseline module (no -march) always loads and reports the CPU's features (CPUID leaves 1 and
 7, and XGETBV for the OS's support of YMM and ZMM state). On x86-64 the best of the
 AVX2+FMA+F16C (x86-64-v3), AVX-512 (F, VL, BW, DQ: x86-64-v4) and AVX-512 + AVX512-BF16
-(vdpbf16ps, for bfloat16 matmul_accumulate) modules that the CPU and OS support is loaded.
+(vdpbf16ps, for bfloat16 matmul_accumulate) modules that the CPU and OS support is loaded;
+on aarch64 the baseline (Linux getauxval(AT_HWCAP / AT_HWCAP2) and macOS sysctl
+hw.optional.arm.FEAT_* report ASIMD, FP16, BF16, I8MM and SVE).
 ``CYATTN_BACKEND=baseline|avx2|avx512|avx512bf16`` forces one; forcing a variant this
 build lacks or this CPU cannot run raises ImportError with the reason. Nothing else imports a
 variant module directly: use ``kernels`` from here.
@@ -15,6 +17,11 @@ AMX-BF16 and AMX-TILE, the OS enabled the tile state in XCR0, and Linux grants t
 the tile data state (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``, asked once,
 when the variant is loaded); :func:`amx_status` says why not where it does not.
 
+The ``neon`` variant (aarch64: Advanced SIMD softmax rows, exp and decode, an 8 x 12 GEMM
+micro-kernel) is opt-in by the same rule, ``CYATTN_BACKEND=neon``: it passes the test suite
+under qemu-user, but qemu is not hardware, so it is not the default until an aarch64 CPU has
+run its tests. :func:`runnable_opt_in` lists it where it can load (for the tests).
+
 Which bfloat16 path ``precision=None`` takes is :func:`bf16_path`, a pure function of CPUID's
 facts (vendor, family, the features) and of what the loaded kernels have; never a timing.
 """
@@ -24,15 +31,21 @@ import os
 
 from . import _kernels_baseline
 
-__all__ = ["kernels", "variant", "available_variants", "cpu_features", "load_variant",
-           "max_threads", "in_forked_child"]
+__all__ = ["kernels", "variant", "available_variants", "runnable_opt_in", "cpu_features",
+           "load_variant", "max_threads", "in_forked_child"]
 
 _FEATURE_BITS = {"sse2": 1, "avx": 2, "fma": 4, "avx2": 8, "os_ymm": 16, "avx512f": 32, "neon": 64,
                  "avx512bw": 128, "avx512dq": 256, "avx512vl": 512, "os_zmm": 1024, "f16c": 2048,
-                 "avx512bf16": 4096, "amx_bf16": 8192, "amx_tile": 16384, "os_tile": 32768}
-VARIANTS = ("baseline", "avx2", "avx512", "avx512bf16")     # best last
-OPT_IN = ("amx",)         # loaded only when CYATTN_BACKEND names them, never by default
+                 "avx512bf16": 4096, "amx_bf16": 8192, "amx_tile": 16384, "os_tile": 32768,
+                 # aarch64 (neon above): from 65536 up, clear of every x86 bit
+                 "fp16": 65536, "bf16": 131072, "i8mm": 262144, "sve": 524288}
+# Best last within each architecture: a build holds either the x86-64 or the aarch64 ones.
+VARIANTS = ("baseline", "avx2", "avx512", "avx512bf16")
+# Loaded only when CYATTN_BACKEND names them, never by default: neither has run on its hardware
+# (amx: tested through its portable model; neon: under qemu only).
+OPT_IN = ("amx", "neon")
 _NEEDS = {"baseline": set(),
+          "neon": {"neon"},
           "avx2": {"avx", "avx2", "fma", "f16c", "os_ymm"},
           "avx512": {"avx", "avx2", "fma", "f16c", "os_ymm", "avx512f", "avx512vl", "avx512bw",
                      "avx512dq", "os_zmm"}}
@@ -60,6 +73,13 @@ def _built(name):
 def available_variants():
     """Variants that are both built into this install and runnable on this CPU, best last."""
     return [n for n in VARIANTS if _built(n) and _cpu_runs(n)]
+
+
+def runnable_opt_in():
+    """Opt-in variants built into this install that this CPU runs, without loading them (the
+    test suite runs its per-variant tests on these too). Not ``amx``: its tiles also need the
+    OS's permission, asked only when it is loaded, and its own tests cover it."""
+    return [n for n in OPT_IN if n != "amx" and _built(n) and _cpu_runs(n)]
 
 
 def _amx_refusal():

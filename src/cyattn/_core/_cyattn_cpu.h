@@ -1,12 +1,13 @@
 /*
  * CPU feature detection: CPUID leaves 1 and 7 (subleaves 0 and 1) and XGETBV (whether the
- * OS saves YMM / ZMM / AMX tile state), reported as the CYATTN_CPU_* bits of
- * cyattn_cpu_features(); the vendor string, family and model (cyattn_cpu_identity), which
- * the choice of the bf16 path keys on (cyattn._backend.bf16_path); the Linux request for
- * the AMX tile state (cyattn_amx_request_perm); also CYATTN_X86, which the other headers
- * test. C because Cython has no inline assembly or compiler intrinsics for CPUID/XGETBV.
- * Pure functions of the CPU (and of the process's permission, for the request): no mutable
- * state here.
+ * OS saves YMM / ZMM / AMX tile state) on x86; on aarch64 the Linux auxiliary vector
+ * (AT_HWCAP, AT_HWCAP2) or macOS's hw.optional.arm.FEAT_* sysctls; reported as the
+ * CYATTN_CPU_* bits of cyattn_cpu_features(); the vendor string, family and model
+ * (cyattn_cpu_identity, x86 only), which the choice of the bf16 path keys on
+ * (cyattn._backend.bf16_path); the Linux request for the AMX tile state
+ * (cyattn_amx_request_perm); also CYATTN_X86, which the other headers test. C because Cython
+ * has no inline assembly or compiler intrinsics for CPUID/XGETBV. Pure functions of the CPU
+ * (and of the process's permission, for the request): no mutable state here.
  */
 #ifndef CYATTN_CPU_H
 #define CYATTN_CPU_H
@@ -23,6 +24,18 @@
 #endif
 #else
 #define CYATTN_X86 0
+#endif
+
+/* aarch64: Linux reports the features in the auxiliary vector (getauxval, glibc 2.16+ and
+   musl), macOS in sysctl hw.optional.arm.FEAT_*; elsewhere (Windows ARM64, other systems)
+   only Advanced SIMD, which every aarch64 CPU has, is reported. */
+#if (defined(__aarch64__) || defined(_M_ARM64)) && defined(__linux__)
+#include <sys/auxv.h>
+#define CYATTN_ARM_AUXV 1
+#elif (defined(__aarch64__) || defined(_M_ARM64)) && defined(__APPLE__)
+#include <sys/types.h>
+#include <sys/sysctl.h>
+#define CYATTN_ARM_SYSCTL 1
 #endif
 
 /* Feature bits reported by cyattn_cpu_features(). */
@@ -43,10 +56,25 @@
 #define CYATTN_CPU_AMXTILE 16384    /* tile registers (CPUID leaf 7 subleaf 0, EDX bit 24) */
 #define CYATTN_CPU_OSTILE 32768     /* the OS enabled tile state (XCR0 bits 17 and 18) */
 
+/* aarch64 (CYATTN_CPU_NEON above: Advanced SIMD, Linux HWCAP_ASIMD); from 65536 up, clear of
+   the x86 bits (a build reports one architecture's bits, but the numbers never overlap) */
+#define CYATTN_CPU_FP16    65536   /* FEAT_FP16 half-precision arithmetic (HWCAP_FPHP + ASIMDHP) */
+#define CYATTN_CPU_BF16    131072  /* FEAT_BF16: BFDOT, BFMMLA (HWCAP2_BF16) */
+#define CYATTN_CPU_I8MM    262144  /* FEAT_I8MM: SMMLA, USDOT (HWCAP2_I8MM) */
+#define CYATTN_CPU_SVE     524288  /* FEAT_SVE (HWCAP_SVE) */
+
 #if CYATTN_X86 && defined(__linux__)
 #include <unistd.h>
 #include <errno.h>
 #include <sys/syscall.h>
+#endif
+
+#if defined(CYATTN_ARM_SYSCTL)
+static int cyattn_sysctl_flag(const char* name) {
+    int v = 0;
+    size_t len = sizeof(v);
+    return sysctlbyname(name, &v, &len, NULL, 0) == 0 && v != 0;
+}
 #endif
 
 #if CYATTN_X86
@@ -104,6 +132,20 @@ static int cyattn_cpu_features(void) {
             if (r[0] & (1u << 5)) f |= CYATTN_CPU_AVX512BF16;
         }
     }
+#elif defined(CYATTN_ARM_AUXV)
+    /* bit numbers of the Linux arm64 ABI (asm/hwcap.h), spelled out for older headers */
+    unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    if (hw & (1ul << 1)) f |= CYATTN_CPU_NEON;                                 /* ASIMD */
+    if ((hw & (1ul << 9)) && (hw & (1ul << 10))) f |= CYATTN_CPU_FP16;        /* FPHP, ASIMDHP */
+    if (hw & (1ul << 22)) f |= CYATTN_CPU_SVE;                                 /* SVE */
+    if (hw2 & (1ul << 13)) f |= CYATTN_CPU_I8MM;                               /* I8MM */
+    if (hw2 & (1ul << 14)) f |= CYATTN_CPU_BF16;                               /* BF16 */
+#elif defined(CYATTN_ARM_SYSCTL)
+    f |= CYATTN_CPU_NEON;
+    if (cyattn_sysctl_flag("hw.optional.arm.FEAT_FP16")) f |= CYATTN_CPU_FP16;
+    if (cyattn_sysctl_flag("hw.optional.arm.FEAT_BF16")) f |= CYATTN_CPU_BF16;
+    if (cyattn_sysctl_flag("hw.optional.arm.FEAT_I8MM")) f |= CYATTN_CPU_I8MM;
+    if (cyattn_sysctl_flag("hw.optional.arm.FEAT_SVE")) f |= CYATTN_CPU_SVE;
 #elif defined(__aarch64__) || defined(_M_ARM64)
     f |= CYATTN_CPU_NEON;
 #endif

@@ -14,6 +14,7 @@
 #include "_cyattn_half.h"
 #include "_cyattn_vec_avx512.h"
 #include "_cyattn_vec_avx2.h"
+#include "_cyattn_vec_neon.h"
 
 /* ---- decode: weighted sum of value rows ------------------------------------------------ */
 /* For each of nq query rows r: acc[r * as + 0:n] += w[r * ws + j] * v[j * vs + 0:n] for rows

@@ -13,6 +13,7 @@
 #include "_cyattn_common.h"
 #include "_cyattn_vec_avx512.h"
 #include "_cyattn_vec_avx2.h"
+#include "_cyattn_vec_neon.h"
 
 /* Float32 softmax row passes in explicit vectors (issue 26): the lane-wise max/min, the exp
    and sum, and the scale of softmax_row_to / row_exp_sum_to over the first n - n % 32 elements,
@@ -461,7 +462,11 @@ static inline ptrdiff_t cyattn_softmax_rows_f32_nt(const float* x, float* y, flo
                    : cyattn_softmax_rows_f32_nt_impl(x, y, s, rows, n, 0);
 }
 static inline void cyattn_sfence(void) {
+#if defined(__aarch64__) || defined(_M_ARM64)
+    /* the neon variant's cyattn_rstream is an ordinary store: nothing to order */
+#else
     _mm_sfence();
+#endif
 }
 #else
 static inline void cyattn_rows_max_min_f32(const float* x, ptrdiff_t n, float* pmax, float* pmin) {

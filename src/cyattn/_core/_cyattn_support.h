@@ -30,6 +30,7 @@
 #include "_cyattn_half.h"
 #include "_cyattn_vec_avx512.h"
 #include "_cyattn_vec_avx2.h"
+#include "_cyattn_vec_neon.h"
 #include "_cyattn_decode.h"
 #include "_cyattn_softmax_rows.h"
 #include "_cyattn_transpose.h"

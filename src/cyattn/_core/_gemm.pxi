@@ -303,22 +303,32 @@ cdef void micro_kernel_f32(Py_ssize_t kc, const float* pa, const float* pb,
                 for j in range(n_here):
                     c[i * rsc + j * csc] = 0
         return
-    # The first k step starts the sums (0 + a b, the same as zeroing and accumulating):
-    # zeroing acc made gcc clear its stack copy with a 1 KiB rep stos on every call.
-    for i in range(MR):
-        a_i = pa[i]
-        for j in range(NR):
-            acc[i][j] = a_i * pb[j] + zero
-    for p in range(1, kc):
-        # B's next panel (contiguous in a packed B; a prefetch past its end is harmless);
-        # a constant of the variant (B_PREFETCH), so the branch is compiled away
-        if B_PREFETCH:
-            cyattn_prefetch_r(pb + (p + 256) * NR)
-            cyattn_prefetch_r(pb + (p + 256) * NR + 16)
+    if CYATTN_NEON_TILE:
+        # the neon variant's 8 x 12 tile in registers (isa/_cyattn_vec_neon.h), the same sums
+        # as the loops below; a C constant (0 elsewhere), so the branch is compiled away
+        cyattn_tile8x12_f32(kc, pa, pb, &acc[0][0])
+    else:
+        # The first k step starts the sums (0 + a b, the same as zeroing and accumulating):
+        # zeroing acc made gcc clear its stack copy with a 1 KiB rep stos on every call.
         for i in range(MR):
-            a_i = pa[p * MR + i]
+            a_i = pa[i]
             for j in range(NR):
-                acc[i][j] += a_i * pb[p * NR + j]
+                acc[i][j] = a_i * pb[j] + zero
+        for p in range(1, kc):
+            # B's next panel (contiguous in a packed B; a prefetch past its end is harmless);
+            # a constant of the variant (B_PREFETCH), so the branch is compiled away
+            if B_PREFETCH:
+                cyattn_prefetch_r(pb + (p + 256) * NR)
+                cyattn_prefetch_r(pb + (p + 256) * NR + 16)
+            for i in range(MR):
+                a_i = pa[p * MR + i]
+                for j in range(NR):
+                    acc[i][j] += a_i * pb[p * NR + j]
+    if CYATTN_TILE_OUT_FMA:
+        # aarch64: C (+)= alpha acc by explicit fused multiply-adds, as in every micro-kernel
+        # there (isa/_cyattn_vec_neon.h says why); a C constant, 0 on x86
+        cyattn_tile_out_f32(&acc[0][0], NR, c, rsc, csc, m_here, n_here, alpha, overwrite)
+        return
     if m_here == MR and n_here == NR and csc == 1:
         for i in range(MR):
             c_row = c + i * rsc
@@ -374,6 +384,9 @@ cdef void micro_kernel_f64(Py_ssize_t kc, const double* pa, const double* pb,
             a_i = pa[p * MRD + i]
             for j in range(NRD):
                 acc[i][j] += a_i * pb[p * NRD + j]
+    if CYATTN_TILE_OUT_FMA:     # aarch64, as in micro_kernel_f32
+        cyattn_tile_out_f64(&acc[0][0], NRD, c, rsc, csc, m_here, n_here, alpha, overwrite)
+        return
     if m_here == MRD and n_here == NRD and csc == 1:
         for i in range(MRD):
             c_row = c + i * rsc
@@ -422,6 +435,9 @@ cdef void micro_kernel_direct(Py_ssize_t kc, const floating* a, Py_ssize_t rsa,
                 a_i = ar[i][p]
                 for j in range(DNR):
                     acc[i][j] += a_i * bp[j]
+        if CYATTN_TILE_OUT_FMA:     # aarch64, as in micro_kernel_f32
+            cyattn_tile_out_f32(&acc[0][0], DNR_MAX, c, rsc, csc, m_here, n_here, alpha, False)
+            return
         if m_here == DMR and n_here == DNR and csc == 1:
             for i in range(DMR):
                 c_row = c + i * rsc
@@ -441,6 +457,9 @@ cdef void micro_kernel_direct(Py_ssize_t kc, const floating* a, Py_ssize_t rsa,
                 a_i = ar[i][p]
                 for j in range(DNRD):
                     acc[i][j] += a_i * bp[j]
+        if CYATTN_TILE_OUT_FMA:     # aarch64, as in micro_kernel_f32
+            cyattn_tile_out_f64(&acc[0][0], DNR_MAX, c, rsc, csc, m_here, n_here, alpha, False)
+            return
         if m_here == DMRD and n_here == DNRD and csc == 1:
             for i in range(DMRD):
                 c_row = c + i * rsc
@@ -475,6 +494,9 @@ cdef void micro_kernel_row(Py_ssize_t kc, const floating* a, const floating* b,
             for i in range(MR):
                 for j in range(NR):
                     acc[i][j] += a_p * bp[i * NR + j]
+        if CYATTN_TILE_OUT_FMA:     # aarch64, as in micro_kernel_f32 (c holds MR * NR columns)
+            cyattn_tile_out_f32(&acc[0][0], NR, c, NR, 1, MR, NR, alpha, False)
+            return
         for i in range(MR):
             for j in range(NR):
                 c[i * NR + j] += alpha * acc[i][j]
@@ -489,6 +511,9 @@ cdef void micro_kernel_row(Py_ssize_t kc, const floating* a, const floating* b,
             for i in range(MRD):
                 for j in range(NRD):
                     acc[i][j] += a_p * bp[i * NRD + j]
+        if CYATTN_TILE_OUT_FMA:     # aarch64, as above (acc's rows are NR apart here too)
+            cyattn_tile_out_f64(&acc[0][0], NR, c, NRD, 1, MRD, NRD, alpha, False)
+            return
         for i in range(MRD):
             for j in range(NRD):
                 c[i * NRD + j] += alpha * acc[i][j]

@@ -47,6 +47,15 @@ cdef extern from "_cyattn_support.h" nogil:
     void cyattn_sfence()
     void cyattn_tile12x8_f32(Py_ssize_t kc, const float* pa, Py_ssize_t ps, const float* pb,
                              Py_ssize_t pbs, float* c, Py_ssize_t rsc, float alpha, int overwrite)
+    int CYATTN_NEON_TILE
+    void cyattn_tile8x12_f32(Py_ssize_t kc, const float* pa, const float* pb, float* acc)
+    int CYATTN_TILE_OUT_FMA
+    void cyattn_tile_out_f32(const float* acc, Py_ssize_t ras, float* c, Py_ssize_t rsc,
+                             Py_ssize_t csc, Py_ssize_t m, Py_ssize_t n, float alpha,
+                             int overwrite)
+    void cyattn_tile_out_f64(const double* acc, Py_ssize_t ras, double* c, Py_ssize_t rsc,
+                             Py_ssize_t csc, Py_ssize_t m, Py_ssize_t n, double alpha,
+                             int overwrite)
     int cyattn_any_nonfinite_f32(const float* v, Py_ssize_t n)
     int cyattn_cpu_features()
     void cyattn_cpu_identity(char* vendor, int* family, int* model)

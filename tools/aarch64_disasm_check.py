@@ -1,0 +1,123 @@
+"""Check the shape of the neon variant's float32 GEMM micro-kernel in the compiled aarch64 code.
+
+No aarch64 CPU is at hand to time the kernels, so this checks the code the compiler made of
+the 8 x 12 tile (isa/_cyattn_vec_neon.h, inlined into micro_kernel_f32 of _gemm.pxi): it
+disassembles the function with aarch64-linux-gnu-objdump, finds its loops (a backward
+conditional branch and the instructions between its target and itself) and asserts that
+exactly one loop is the k loop of the intended shape:
+
+  * 24 FMLA by element (``fmla vD.4s, vN.4s, vM.s[i]``) with 24 distinct destinations (the
+    accumulators stay in registers) and 3 distinct B operands and 2 distinct A operands;
+  * 5 vector registers' worth of loads (A: 8 floats, B: 12 floats; ldp counts 2, ldr/ldur 1);
+  * no access to the stack (sp) and no other store inside the loop: no spills.
+
+What it proves: the instructions gcc emitted for this build (gcc, flags and source as built by
+tools/qemu_aarch64_check.sh) have the register-resident 8 x 12 shape, 24 FMAs per 5 loads. What
+it does not: how fast an actual core runs them (no hardware timings exist; qemu counts nothing
+about pipelines, latencies or caches), nor anything about the other kernels (softmax rows,
+decode, attention tiles), whose correctness the test suites under qemu check instead.
+
+Usage: python tools/aarch64_disasm_check.py OBJECT [--objdump aarch64-linux-gnu-objdump]
+  OBJECT: the neon module (cyattn/_kernels_neon*.so) or its .o, not stripped.
+Exit status 0 when the shape holds, 1 otherwise (with the loops found).
+"""
+import argparse
+import re
+import subprocess
+import sys
+
+SYMBOL = re.compile(r"^[0-9a-f]+ <(?P<name>[^>]+)>:$")
+INSN = re.compile(r"^\s*(?P<addr>[0-9a-f]+):\s+(?P<op>\S+)\s*(?P<args>.*?)\s*(//.*)?$")
+FMLA_ELEM = re.compile(r"^(v\d+)\.4s, (v\d+)\.4s, (v\d+)\.s\[\d\]$")
+BRANCH = re.compile(r"^([0-9a-f]+) <")
+
+
+def functions(text, needle):
+    """{symbol: [(addr, op, args)]} for symbols whose name contains needle."""
+    out, cur = {}, None
+    for line in text.splitlines():
+        m = SYMBOL.match(line)
+        if m:
+            cur = m.group("name") if needle in m.group("name") else None
+            if cur:
+                out[cur] = []
+            continue
+        if cur is None:
+            continue
+        m = INSN.match(line)
+        if m:
+            out[cur].append((int(m.group("addr"), 16), m.group("op"), m.group("args")))
+    return out
+
+
+def loops(insns):
+    """Bodies (lists of (addr, op, args)) of loops closed by a backward conditional branch."""
+    found = []
+    for idx, (addr, op, args) in enumerate(insns):
+        if not (op.startswith("b.") or op in ("cbnz", "cbz", "tbnz", "tbz")):
+            continue
+        m = BRANCH.search(args.split(",")[-1].strip())
+        if not m:
+            continue
+        target = int(m.group(1), 16)
+        if target <= addr:
+            found.append([i for i in insns[:idx + 1] if i[0] >= target])
+    return found
+
+
+def shape(body):
+    fmla = [FMLA_ELEM.match(args) for _, op, args in body if op == "fmla"]
+    fmla = [m for m in fmla if m]
+    loads = sum(2 if op == "ldp" else 1 for _, op, args in body
+                if op in ("ldp", "ldr", "ldur", "ld1") and re.match(r"^q\d+", args))
+    stack = [f"{op} {args}" for _, op, args in body if "sp" in re.findall(r"\bsp\b", args)]
+    stores = [f"{op} {args}" for _, op, args in body if op.startswith(("st", "stp", "stur"))]
+    return {
+        "fmla_by_element": len(fmla),
+        "accumulators": len({m.group(1) for m in fmla}),
+        "b_operands": len({m.group(2) for m in fmla}),
+        "a_operands": len({m.group(3) for m in fmla}),
+        "vector_loads": loads,
+        "stack_accesses": stack,
+        "stores": stores,
+        "instructions": len(body),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("object")
+    ap.add_argument("--objdump", default="aarch64-linux-gnu-objdump")
+    args = ap.parse_args()
+    text = subprocess.run([args.objdump, "-d", "--no-show-raw-insn", args.object],
+                          check=True, capture_output=True, text=True).stdout
+    funcs = functions(text, "_kernels_neon_micro_kernel_f32")
+    if not funcs:
+        print(f"aarch64_disasm_check: no neon micro_kernel_f32 in {args.object}")
+        return 1
+    ok = True
+    for name, insns in sorted(funcs.items()):
+        shapes = [shape(b) for b in loops(insns)]
+        good = [s for s in shapes
+                if s["fmla_by_element"] == 24 and s["accumulators"] == 24
+                and s["b_operands"] == 3 and s["a_operands"] == 2 and s["vector_loads"] == 5
+                and not s["stack_accesses"] and not s["stores"]]
+        print(f"{name}: {len(insns)} instructions, {len(shapes)} loops")
+        for s in shapes:
+            if s["fmla_by_element"]:
+                print(f"  loop of {s['instructions']} instructions: {s['fmla_by_element']} "
+                      f"fmla by element into {s['accumulators']} accumulators (B operands "
+                      f"{s['b_operands']}, A operands {s['a_operands']}), "
+                      f"{s['vector_loads']} vector loads, stack accesses "
+                      f"{s['stack_accesses'] or 'none'}, stores {s['stores'] or 'none'}")
+        if len(good) != 1:
+            ok = False
+            print(f"  FAILED: expected one k loop of the 8 x 12 shape, found {len(good)}")
+        else:
+            print("  ok: the k loop is the 8 x 12 tile in registers "
+                  "(24 fmla by element per 5 vector loads, no spills)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
