@@ -221,7 +221,7 @@ skip_suites="$skip_suites --ignore=tests/test_decode_grouped.py --ignore=tests/t
 skip_suites="$skip_suites --ignore=tests/test_kv8.py --ignore=tests/test_bf16_attention_fast.py"
 # The AMX tiles' model (GEMM and attention through the portable tile model, every variant) and
 # the encoder families (torch references) run natively too.
-skip_suites="$skip_suites --ignore=tests/test_amx_model.py --ignore=tests/test_amx_attention.py"
+skip_suites="$skip_suites --ignore=tests/test_amx_model.py --ignore=tests/test_amx_attention.py --ignore=tests/test_amx_decode.py"
 skip_suites="$skip_suites --ignore=tests/test_encoder_families.py --ignore=tests/test_encoder_rerank.py"
 [ -n "$pytest_args" ] || pytest_args="-m 'not slow' tests $skip_suites"
 if [ "$pytest_args" != skip ]; then
