@@ -122,8 +122,15 @@ def test_tiles_bit_identical_across_threads(i):
 @needs_amx
 @pytest.mark.parametrize("i", range(len(CASES)))
 def test_hardware_tiles_equal_model(i, monkeypatch):
-    kw, (B, Hq, Hk, L, S, E, Ev) = CASES[i]
-    rng = np.random.default_rng(20 + i)
+    kw, shape = CASES[i]
+    check_hardware_equals_model(kw, shape, 20 + i, monkeypatch)
+
+
+def check_hardware_equals_model(kw, shape, seed, monkeypatch):
+    """The amx variant's tiles give the model build's bits (output and lse, 1 and 2 threads),
+    and its default bf16 call is the tile path; test_amx_decode uses it for the decode shapes."""
+    B, Hq, Hk, L, S, E, Ev = shape
+    rng = np.random.default_rng(seed)
     q, k, v = _qkv(rng, B, Hq, Hk, L, S, E, Ev, scale=2.0)
     mask = rng.random((L, S)) < 0.8
     monkeypatch.setattr(_backend, "kernels", AMX_K)

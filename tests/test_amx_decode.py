@@ -17,6 +17,7 @@ K/V group (times L) as the tiles' rows, through the tiles' portable model on eve
 import numpy as np
 import pytest
 from conftest import bf16_attention_bound
+from test_amx_attention import check_hardware_equals_model
 from test_bf16_attention_fast import _bits, _qkv, _sdpa
 from test_decode_grouped import OPTIONS, _case
 
@@ -229,15 +230,5 @@ HW_CASES = [(dict(enable_gqa=True), (1, 32, 8, 1, 700, 128, 128)),
 @needs_amx
 @pytest.mark.parametrize("i", range(len(HW_CASES)))
 def test_hardware_decode_tiles_equal_model(i, monkeypatch):
-    kw, (B, Hq, Hk, L, S, E, Ev) = HW_CASES[i]
-    rng = np.random.default_rng(50 + i)
-    q, k, v = _qkv(rng, B, Hq, Hk, L, S, E, Ev, scale=2.0)
-    mask = rng.random((L, S)) < 0.8
-    monkeypatch.setattr(_backend, "kernels", AMX_K)
-    for threads in (1, 2):
-        hw = _sdpa(q, k, v, mask, return_lse=True, n_threads=threads, **kw)
-        model = _sdpa(q, k, v, mask, emulate="amx", return_lse=True, n_threads=threads, **kw)
-        assert np.array_equal(_bits(hw[0]), _bits(model[0]))
-        assert np.array_equal(_bits(hw[1]), _bits(model[1]))
-    dflt = _sdpa(q, k, v, mask, precision=None, **kw)             # the amx default: tiles
-    assert np.array_equal(_bits(dflt), _bits(_sdpa(q, k, v, mask, emulate="amx", **kw)))
+    kw, shape = HW_CASES[i]
+    check_hardware_equals_model(kw, shape, 50 + i, monkeypatch)
