@@ -17,7 +17,7 @@ K/V group (times L) as the tiles' rows, through the tiles' portable model on eve
 import numpy as np
 import pytest
 from conftest import bf16_attention_bound
-from test_amx_attention import check_hardware_equals_model
+from test_amx_attention import check_hardware_equals_model, needs_amx
 from test_bf16_attention_fast import _bits, _qkv, _sdpa
 from test_decode_grouped import OPTIONS, _case
 
@@ -26,17 +26,6 @@ from cyattn import _backend
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
-
-
-def _amx_kernels():
-    try:
-        return _backend.load_variant("amx")
-    except ImportError:
-        return None
-
-
-AMX_K = _amx_kernels()
-needs_amx = pytest.mark.skipif(AMX_K is None, reason="no AMX here: the amx variant cannot load")
 
 
 def _check(q, k, v, mask=None, threads=(1, 2, 3), **kw):
