@@ -88,8 +88,14 @@ step "free-threading: Cython's freethreading_compatible directive in effect; no 
 import re, sys
 from pathlib import Path
 bad = []
+checked = []
 for pyx in map(Path, sys.argv[1:]):
     c = pyx.with_suffix(".c")
+    if not c.exists():
+        # setup.py cythonizes only the variants this machine builds (neon on aarch64 only)
+        print(f"{pyx.name}: not built on this machine, so no C file to check")
+        continue
+    checked.append(c.name)
     text = c.read_text()
     block = re.search(r"#ifdef CYTHON_FREETHREADING_COMPATIBLE\n(.*?)\n#endif\n#define", text, re.S)
     defines = re.findall(r"#define __Pyx_FREETHREADING_COMPATIBLE (\w+)", block.group(1)) if block else []
@@ -109,6 +115,8 @@ for src in sorted(folder.glob("*.pyx")) + sorted(folder.glob("*.pxi")):
     if module_vars:
         print(f"{src.name}: module-level C variables (set at import, never written after): "
               + ", ".join(module_vars))
+if "_kernels_baseline.c" not in checked:
+    bad.append("_kernels_baseline.c: not generated, so the directive could not be checked")
 print(*bad, sep="\n", file=sys.stderr)
 sys.exit(1 if bad else 0)
 EOF
