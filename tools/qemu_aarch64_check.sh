@@ -19,10 +19,14 @@
 #      kernel suites (tests/test_kernels.py per variant, plus the selection below). Child
 #      interpreters started by the tests (sys.executable) run under the same emulated CPU.
 #
-# Usage: tools/qemu_aarch64_check.sh [--cache DIR] [--quick]
+# Usage: tools/qemu_aarch64_check.sh [--cache DIR] [--quick | --insn-per-flop]
 #   --quick (CI): the kernel suites of step 5 cut to the neon variant's GEMM, softmax and
 #   attention tests of tests/test_kernels.py on -cpu max and its GEMM tests on the fall-back CPU
 #   (the CYATTN_QEMU_PYTEST_* variables still override); the rest by hand.
+#   --insn-per-flop (by hand): after step 4, count the instructions the baseline and neon
+#   variants execute per useful flop under qemu (tools/insn_per_flop.py), with the x86-64
+#   baseline and avx2 counts beside them when PYTHON can import cyattn from src/ (an in-place
+#   build), then stop.
 #   DIR keeps the root file system and the wheels between runs (about 400 MB; the second run
 #   skips step 2). Without it everything goes to a temporary folder removed on exit.
 # Environment: PYTHON (default python3, must be CPython 3.11 with Cython >= 3.1 and setuptools,
@@ -38,6 +42,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 py=${PYTHON:-python3}
 cache=""
 quick=0
+insn=0
 fallback_cpu=${CYATTN_QEMU_FALLBACK_CPU:-cortex-a72}
 budget=${CYATTN_QEMU_TIMEOUT:-1500}
 check_name=qemu_aarch64_check
@@ -47,6 +52,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --cache) [ $# -ge 2 ] || usage_error "--cache needs a folder"; cache=$2; shift 2 ;;
         --quick) quick=1; shift ;;
+        --insn-per-flop) insn=1; shift ;;
         -h|--help) print_help; exit 0 ;;
         *) usage_error "unknown argument $1 (see --help)" ;;
     esac
@@ -157,6 +163,23 @@ case " ${built[*]} " in
         "$py" "$root/tools/aarch64_disasm_check.py" "$work"/src/src/cyattn/_kernels_neon"$target_suffix" ||
             fail "the neon micro-kernel's k loop is not the 8 x 12 shape" ;;
 esac
+if [ "$insn" = 1 ]; then
+    step "instructions per useful flop under qemu (tools/insn_per_flop.py)"
+    x86=()
+    if (cd "$root" && PYTHONPATH=src "$py" -c "import cyattn" 2>/dev/null); then
+        x86=(--x86)
+    else
+        echo "no in-place x86-64 build in $root/src for $py: aarch64 counts only"
+    fi
+    # the plugin is a shared object: the static qemu cannot load it
+    qemu_dyn=$(command -v qemu-aarch64) ||
+        fail "--insn-per-flop needs qemu-aarch64 (Debian: qemu-user), not only the static build"
+    (cd "$root" && PYTHONPATH=src "$py" tools/insn_per_flop.py "${x86[@]}" \
+        --aarch64 "$qemu_dyn" "$rootfs" "$tpy" "$work/src/src:$site") || fail "insn_per_flop"
+    echo "$check_name: instruction counts done in $((SECONDS - start))s"
+    exit 0
+fi
+
 # The variant the dispatcher picks by itself: the baseline on every aarch64 CPU, as neon is
 # opt-in (cyattn._backend.OPT_IN: it has run under qemu only); the tests still run every
 # variant the CPU runs, neon included (conftest: available_variants() + runnable_opt_in()).
