@@ -17,7 +17,7 @@ cdef bint has_nonfinite(const floating* v, Py_ssize_t rows, Py_ssize_t cols,
     cdef const floating* v_row
     for i in range(rows):
         v_row = v + i * rs
-        if floating is float and cs == 1 and CYATTN_HAVE_TRANSPOSE:    # AVX (_cyattn_transpose.h)
+        if floating is float and cs == 1 and CYATTN_HAVE_TRANSPOSE:    # AVX, NEON (_cyattn_transpose.h)
             bad = cyattn_any_nonfinite_f32(v_row, cols)
         elif cs == 1:               # unit stride: an integer OR reduction
             for j in range(cols):

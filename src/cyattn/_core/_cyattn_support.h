@@ -10,7 +10,7 @@
  *   _cyattn_decode.h         decode: dot products of query and key rows, weighted value sums
  *   _cyattn_softmax_rows.h   float32 softmax rows (single and pipelined), stubs without vectors
  *   _cyattn_transpose.h      float32 register transposes (packing, the attention output), the
- *                            inf/NaN scan of a packed block (AVX; the callers' loops without)
+ *                            inf/NaN scan of a packed block (AVX, NEON; the callers' loops without)
  *   _cyattn_tile_narrow.h    the 12 x 8 tile of narrow query panels (AVX2 + FMA; a stub without)
  *   _cyattn_bf16_emul.h      bf16 dot products as vdpbf16ps computes them, portable (emulation)
  *   _cyattn_bf16_avx512.h    the bf16 GEMM micro-kernel on AVX512-BF16 (a stub without it)

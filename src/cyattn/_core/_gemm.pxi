@@ -45,7 +45,7 @@ cdef inline void transpose_8x8(const floating* a, Py_ssize_t rsa, floating* dst,
     cdef floating t[8][8]
     cdef floating u[8][8]
     cdef Py_ssize_t i, q
-    if floating is float and CYATTN_HAVE_TRANSPOSE:     # AVX: _cyattn_transpose.h
+    if floating is float and CYATTN_HAVE_TRANSPOSE:     # AVX, NEON: _cyattn_transpose.h
         cyattn_transpose_8x8_f32(a, rsa, dst, ldd)
         return
     for i in range(8):
