@@ -56,12 +56,15 @@ cdef void panel_online_softmax(floating* panel, Py_ssize_t kb, floating* row_m, 
             col_max[j] = row_m[j]
             col_min[j] = <floating>CYATTN_INF
             part[j] = 0
-        for p in range(kb):
-            row = panel + p * NR
-            for j in range(NR):
-                s = row[j]
-                col_max[j] = s if s > col_max[j] else col_max[j]
-                col_min[j] = s if s < col_min[j] else col_min[j]
+        if CYATTN_NEON_COLMAX:      # neon: the same selections in vectors (isa/_cyattn_vec_neon.h)
+            cyattn_col_maxmin_f32(panel, kb, NR, col_max, col_min)
+        else:
+            for p in range(kb):
+                row = panel + p * NR
+                for j in range(NR):
+                    s = row[j]
+                    col_max[j] = s if s > col_max[j] else col_max[j]
+                    col_min[j] = s if s < col_min[j] else col_min[j]
         nonpos = 1
         kept_nonpos = 1
         for j in range(NR):

@@ -49,6 +49,9 @@ cdef extern from "_cyattn_support.h" nogil:
                              Py_ssize_t pbs, float* c, Py_ssize_t rsc, float alpha, int overwrite)
     int CYATTN_NEON_TILE
     void cyattn_tile8x12_f32(Py_ssize_t kc, const float* pa, const float* pb, float* acc)
+    int CYATTN_NEON_COLMAX
+    void cyattn_col_maxmin_f32(const float* panel, Py_ssize_t kb, Py_ssize_t nr,
+                               float* col_max, float* col_min)
     int CYATTN_TILE_OUT_FMA
     void cyattn_tile_out_f32(const float* acc, Py_ssize_t ras, float* c, Py_ssize_t rsc,
                              Py_ssize_t csc, Py_ssize_t m, Py_ssize_t n, float alpha,

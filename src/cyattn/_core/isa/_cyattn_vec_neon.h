@@ -173,11 +173,55 @@ static inline void cyattn_tile8x12_f32(ptrdiff_t kc, const float* pa, const floa
 #undef CYATTN_T8X12_STEP
 #undef CYATTN_T8X12_FENCE
 
+/* The fused attention's column maximum and minimum of a score panel (panel_online_softmax in
+   _attention_fused.pxi): for each lane j < nr, over p < kb in order,
+       col_max[j] = s if s > col_max[j] else col_max[j]     (s = panel[p * nr + j])
+       col_min[j] = s if s < col_min[j] else col_min[j]
+   On x86 gcc makes maxps / minps of the Cython loop (the same selection); on aarch64 it may
+   not use FMAX / FMIN (a NaN operand gives NaN there) and left one compare and branch per
+   score and bound, about a third of the neon attention worker's instructions under qemu
+   (tools/insn_per_flop.py). Here a compare and a bit select per 4 lanes (as cyattn_rmax /
+   cyattn_rmin: the same selection, NaN included), so the same bits. nr % 4 == 0, nr <= 16
+   (the neon NR is 12); other widths keep the scalar loop. */
+#define CYATTN_NEON_COLMAX 1
+static inline void cyattn_col_maxmin_f32(const float* panel, ptrdiff_t kb, ptrdiff_t nr,
+                                         float* col_max, float* col_min) {
+    ptrdiff_t p, j, nv = nr / 4;
+    if (nr % 4 == 0 && nv <= 4) {
+        float32x4_t mx[4], mn[4];
+        for (j = 0; j < nv; j++) {
+            mx[j] = vld1q_f32(col_max + 4 * j);
+            mn[j] = vld1q_f32(col_min + 4 * j);
+        }
+        for (p = 0; p < kb; p++)
+            for (j = 0; j < nv; j++) {
+                float32x4_t x = vld1q_f32(panel + p * nr + 4 * j);
+                mx[j] = vbslq_f32(vcgtq_f32(x, mx[j]), x, mx[j]);
+                mn[j] = vbslq_f32(vcltq_f32(x, mn[j]), x, mn[j]);
+            }
+        for (j = 0; j < nv; j++) {
+            vst1q_f32(col_max + 4 * j, mx[j]);
+            vst1q_f32(col_min + 4 * j, mn[j]);
+        }
+        return;
+    }
+    for (p = 0; p < kb; p++)
+        for (j = 0; j < nr; j++) {
+            float x = panel[p * nr + j];
+            col_max[j] = x > col_max[j] ? x : col_max[j];
+            col_min[j] = x < col_min[j] ? x : col_min[j];
+        }
+}
 #else
 #define CYATTN_NEON_TILE 0      /* other variants: micro_kernel_f32 keeps its loops */
 static inline void cyattn_tile8x12_f32(ptrdiff_t kc, const float* pa, const float* pb,
                                        float* acc) {
     (void)kc; (void)pa; (void)pb; (void)acc;
+}
+#define CYATTN_NEON_COLMAX 0    /* other variants: panel_online_softmax keeps its loops */
+static inline void cyattn_col_maxmin_f32(const float* panel, ptrdiff_t kb, ptrdiff_t nr,
+                                         float* col_max, float* col_min) {
+    (void)panel; (void)kb; (void)nr; (void)col_max; (void)col_min;
 }
 #endif
 
