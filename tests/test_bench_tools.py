@@ -8,6 +8,7 @@
   peers) picks its AVX2 kernels; where the host has AVX-512 and CPUID faulting.
 """
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -88,3 +89,32 @@ def test_avx2_host_hides_avx512_from_the_process(tmp_path):
     res = subprocess.run(["bash", str(TOOL.parent / "avx2_host.sh")], capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 2 and "usage" in res.stderr
+
+
+IPF = TOOL.parent / "insn_per_flop.py"
+
+
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and platform.machine() == "x86_64"
+                         and shutil.which("qemu-x86_64") and shutil.which("gcc")),
+                    reason="needs Linux x86-64 with qemu-x86_64 (qemu-user) and gcc")
+def test_insn_per_flop_counts_the_same_call_the_same(tmp_path):
+    """tools/insn_per_flop.py (issue 47): the plugin's marks give a per-call count of one GEMM
+    that two runs (2 calls, 1 call) agree on within 1 % and that is in the range of a
+    vectorised GEMM, so bench/results/aarch64_insn.md's figures count the calls, not start-up."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("insn_per_flop", IPF)
+    ipf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ipf)
+    plugin = tmp_path / "libqemu_insn_count.so"
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", str(TOOL.parent / "qemu_insn_count.c"),
+                    "-o", str(plugin)], check=True, timeout=120)
+    env = dict(child_env(None, clear_backend=True), CYATTN_BACKEND="avx2", OMP_NUM_THREADS="1")
+    variant, per_call = ipf.count([shutil.which("qemu-x86_64"), "-cpu", "max", "-plugin",
+                                   str(plugin), sys.executable], env, 2, ["gemm"])
+    assert variant == "avx2"
+    flops = ipf.SIZES["gemm"][0]
+    _, again = ipf.count([shutil.which("qemu-x86_64"), "-cpu", "max", "-plugin", str(plugin),
+                          sys.executable], env, 1, ["gemm"])
+    assert abs(per_call["gemm"] - again["gemm"]) <= 0.01 * again["gemm"]
+    assert 0.06 < per_call["gemm"] / flops < 0.3      # 12 FMAs (192 flops) in a 23-insn loop
