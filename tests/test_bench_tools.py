@@ -107,14 +107,12 @@ def test_insn_per_flop_counts_the_same_call_the_same(tmp_path):
     ipf = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ipf)
     plugin = tmp_path / "libqemu_insn_count.so"
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", str(TOOL.parent / "qemu_insn_count.c"),
-                    "-o", str(plugin)], check=True, timeout=120)
+    ipf.build_plugin(plugin)
     env = dict(child_env(None, clear_backend=True), CYATTN_BACKEND="avx2", OMP_NUM_THREADS="1")
-    variant, per_call = ipf.count([shutil.which("qemu-x86_64"), "-cpu", "max", "-plugin",
-                                   str(plugin), sys.executable], env, 2, ["gemm"])
+    cmd = [shutil.which("qemu-x86_64"), "-cpu", "max", "-plugin", str(plugin), sys.executable]
+    variant, per_call = ipf.count(cmd, env, 2, ["gemm"])
     assert variant == "avx2"
     flops = ipf.SIZES["gemm"][0]
-    _, again = ipf.count([shutil.which("qemu-x86_64"), "-cpu", "max", "-plugin", str(plugin),
-                          sys.executable], env, 1, ["gemm"])
+    _, again = ipf.count(cmd, env, 1, ["gemm"])
     assert abs(per_call["gemm"] - again["gemm"]) <= 0.01 * again["gemm"]
     assert 0.06 < per_call["gemm"] / flops < 0.3      # 12 FMAs (192 flops) in a 23-insn loop

@@ -44,13 +44,20 @@ import tempfile
 MARK = 0x6379617474          # CYATTN_INSN_MARK in qemu_insn_count.c
 OPS = ("gemm", "attention", "decode", "softmax")
 LANES = {"avx2": 8, "avx512": 16, "neon": 4, "baseline": 4}
-# (useful flops, elements) per call; the shapes are those of work()
-SIZES = {"gemm": (2 * 256 ** 3, 256 * 256), "attention": (4 * 2 * 256 * 256 * 64, 2 * 256 * 256),
-         "decode": (4 * 8 * 2048 * 64, 8 * 2048), "softmax": (None, 256 * 1024)}
+GEMM_N = 256                  # M = N = K
+ATTENTION = (2, 256, 64)      # heads, L = S, E
+DECODE = (8, 2048, 64)        # heads, S, E (one query per head)
+SOFTMAX = (256, 1024)         # rows, row length
+# (useful flops, elements) per call
+SIZES = {"gemm": (2 * GEMM_N ** 3, GEMM_N ** 2),
+         "attention": (4 * ATTENTION[0] * ATTENTION[1] ** 2 * ATTENTION[2],
+                       ATTENTION[0] * ATTENTION[1] ** 2),
+         "decode": (4 * DECODE[0] * DECODE[1] * DECODE[2], DECODE[0] * DECODE[1]),
+         "softmax": (None, SOFTMAX[0] * SOFTMAX[1])}
 
 
 def work(op):
-    """The call of one operation (its sizes: SIZES)."""
+    """The call of one operation (shapes above; its flops and elements: SIZES)."""
     import numpy as np
 
     import cyattn
@@ -58,24 +65,31 @@ def work(op):
     rng = np.random.default_rng(0)
     f32 = np.float32
     if op == "gemm":
-        m = n = k = 256
+        m = n = k = GEMM_N
         a, b = rng.standard_normal((m, k), f32), rng.standard_normal((k, n), f32)
         out = np.zeros((m, n), f32)
         return lambda: cyattn.matmul_accumulate(a, b, out, n_threads=1)
     if op == "attention":
-        h, seq, e = 2, 256, 64
+        h, seq, e = ATTENTION
         q, kk, v = (rng.standard_normal((1, h, seq, e), f32) for _ in range(3))
         return lambda: cyattn.scaled_dot_product_attention(q, kk, v, n_threads=1)
     if op == "decode":
-        h, s, e = 8, 2048, 64
+        h, s, e = DECODE
         q = rng.standard_normal((1, h, 1, e), f32)
         kk, v = (rng.standard_normal((1, h, s, e), f32) for _ in range(2))
         return lambda: cyattn.scaled_dot_product_attention(q, kk, v, n_threads=1)
     if op == "softmax":
-        x = rng.standard_normal((256, 1024), f32)
+        x = rng.standard_normal(SOFTMAX, f32)
         out = np.empty_like(x)
         return lambda: cyattn.softmax(x, out=out)
     raise ValueError(f"op: got {op!r}, expected one of {OPS}")
+
+
+def build_plugin(dest):
+    """Compile tools/qemu_insn_count.c with the host's gcc into dest (a path)."""
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "qemu_insn_count.c")
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", src, "-o", str(dest)], check=True,
+                   timeout=120)
 
 
 def mark():
@@ -125,8 +139,7 @@ def main():
     tmp = tempfile.mkdtemp()
     try:
         plugin = os.path.join(tmp, "libqemu_insn_count.so")
-        src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "qemu_insn_count.c")
-        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", src, "-o", plugin], check=True)
+        build_plugin(plugin)
         runs = []      # (target, variant, command, environment)
         base = {k: v for k, v in os.environ.items() if k != "CYATTN_BACKEND"}
         base.update(OMP_NUM_THREADS="1", PYTHONNOUSERSITE="1")
