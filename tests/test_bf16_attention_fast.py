@@ -22,6 +22,7 @@ from conftest import bf16_attention_bound, child_env
 import cyattn
 from cyattn import _backend
 from cyattn import attention as A
+from cyattn.matmul import _dot_name
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -240,7 +241,7 @@ def test_default_precision():
     rng = np.random.default_rng(31)
     q, k, v = _qkv(rng, 1, 2, 2, 50, 60, 16, 16)
     default = cyattn.scaled_dot_product_attention(q, k, v)
-    want = "fast" if HW else "exact"
+    want = "fast" if _backend.bf16_fast_by_default(_backend.kernels) else "exact"
     assert np.array_equal(_bits(default), _bits(cyattn.scaled_dot_product_attention(
         q, k, v, precision=want)))
     exact = cyattn.scaled_dot_product_attention(q, k, v, precision="exact")
@@ -318,7 +319,9 @@ def test_plain_calls_take_the_low_overhead_path(emulate, monkeypatch):
 
 def test_config_names_the_default_path():
     line = cyattn.config()["bf16_attention"]
-    assert line.startswith("fast (vdpbf16ps" if HW else "exact (float32 FMAs)")
+    fast = _backend.bf16_fast_by_default(_backend.kernels)
+    assert line.startswith("fast (" if fast else "exact (float32 FMAs)")
+    assert _dot_name() in line          # vdpbf16ps, BFDOT, or the model of the build's rule
 
 
 @pytest.mark.parametrize("S", [64, 65, 300])

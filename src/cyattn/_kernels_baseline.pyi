@@ -46,16 +46,18 @@ def matmul_accumulate(
     a_fmt: int = 0, b_fmt: int = 0, c_fmt: int = 0,
 ) -> None: ...
 BF16_DOT: bool
+BF16_ARM: bool
+BF16_RULE: Literal["x86", "arm"]
 def matmul_accumulate_bf16(
     a: npt.NDArray[np.uint16], a_off: npt.NDArray[np.int64], rsa: int, csa: int,
     b: npt.NDArray[np.uint16], b_off: npt.NDArray[np.int64], rsb: int, csb: int,
     out: np.ndarray, c_off: npt.NDArray[np.int64], rsc: int, csc: int,
     M: int, N: int, K: int, alpha: float, n_threads: int,
-    c_fmt: int = 0, emulate: bool = False,
+    c_fmt: int = 0, emulate: bool = False, arm: bool = ...,
 ) -> None: ...
 def bf16_dot_lanes(
     acc: npt.NDArray[np.float32], a: npt.NDArray[np.uint32], b: npt.NDArray[np.uint32],
-    out: npt.NDArray[np.float32], emulate: bool = False,
+    out: npt.NDArray[np.float32], emulate: bool = False, arm: bool = False,
 ) -> None: ...
 AMX: bool
 def matmul_accumulate_amx(
@@ -110,4 +112,5 @@ def attention_bf16(
     query_len: npt.NDArray[np.int64] | None = None,
     slopes: npt.NDArray[np.float64] | None = None,
     sinks: npt.NDArray[np.float64] | None = None, emulate: bool = False,
+    tiles: bool = False, arm: bool = ...,
 ) -> bool: ...

@@ -6,7 +6,7 @@ import numpy as np
 from . import _backend
 from . import _kv8
 from . import _validate as V
-from .matmul import _resolve_precision
+from .matmul import _resolve_precision, _bf16_arm, _dot_name, EMULATIONS
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -27,11 +27,10 @@ def default_bf16_path():
         return (f"fast on AMX tiles (tdpbf16ps, P rounded to bf16) for prefill and decode by "
                 f"default [{why}]; precision='exact': float32 FMAs")
     if path == "fast":
-        return (f"fast (vdpbf16ps, P rounded to bf16) for prefill (L > 16) by default, decode "
-                f"exact [{why}]; precision='exact': float32 FMAs")
-    fast = ("vdpbf16ps" if getattr(_backend.kernels, "BF16_DOT", False)
-            else "portable emulation of vdpbf16ps")
-    return f"exact (float32 FMAs) by default [{why}]; precision='fast': {fast} for prefill"
+        return (f"fast ({_dot_name()}, P rounded to bf16) for prefill (L > 16) by default, "
+                f"decode exact [{why}]; precision='exact': float32 FMAs")
+    return (f"exact (float32 FMAs) by default [{why}]; precision='fast': {_dot_name()} for "
+            f"prefill")
 
 
 def _on_tiles(emulate):
@@ -118,7 +117,7 @@ def _fast_half_call(query, key, value, attn_mask, is_causal, scale, bottom_right
     res = _backend.kernels.attention_fast(q, key.view(_UINT16), value.view(_UINT16), attn_mask,
                                           None, scale, is_causal, bottom_right, enable_gqa,
                                           return_lse, n_threads, _empty, q_fmt, fmt, bf16_dot,
-                                          emulate)
+                                          emulate is not False, _bf16_arm(emulate))
     if res is None:
         return None
     if out is None:
@@ -241,7 +240,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
         other dtypes ignore it (checked all the same). ``"exact"``: the float32 call on the
         same values, rounded once. ``"fast"``: ``Q K^T`` and ``P V`` on the CPU's bf16 dot
         products (AVX512-BF16 ``vdpbf16ps``; on a CPU or build without them, a portable
-        emulation with the same semantics, slower than ``"exact"``), with the weights ``P``
+        emulation with the same semantics, slower than ``"exact"``; on aarch64 BFDOT's rule,
+        the instruction in the opt-in ``neonbf16`` variant), with the weights ``P``
         rounded to bfloat16 before ``P V`` (as PyTorch's CPU flash attention does): see
         Notes for the contract and its error bound. In the opt-in ``amx`` variant
         (``CYATTN_BACKEND=amx``) both products run on AMX tiles (``tdpbf16ps``; the same
@@ -355,7 +355,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=Fa
     rounding: ``|lse' - lse| <= d + 1.01 (S + 3 nb + 8) u + 2 u |lse|``. Results are
     bit-identical for any thread count on a host, and the emulation on the ``avx512`` kernel
     variant gives the ``avx512bf16`` variant's (hardware's) bits; other variants may round
-    ``exp`` and the rescaling differently (FMA), within the same bound.
+    ``exp`` and the rescaling differently (FMA), within the same bound. On aarch64 both
+    products follow BFDOT's rule instead (pairs summed first, rounded to odd: see
+    :func:`cyattn.matmul_accumulate`), the instruction in the ``neonbf16`` variant and its
+    model elsewhere with the same bits; the bound holds with ``E + 4`` in place of ``E + 2``.
 
     Source: Vaswani et al., "Attention Is All You Need", NeurIPS 2017 (eq. 1); online softmax:
     Milakov and Gimelshein, "Online normalizer calculation for softmax", 2018; tiling: Dao et
@@ -411,8 +414,9 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
     """scaled_dot_product_attention; ``emulate`` runs the bf16 fast path's emulation even
     where the kernels have the instruction (for the tests that compare the two bit for
     bit); ``fast_tried``: the caller has tried the low-overhead path."""
-    if emulate not in (False, True, "amx"):
-        raise ValueError(f"{_FNAME}: emulate must be False, True or 'amx', got {emulate!r}")
+    if emulate not in EMULATIONS:
+        raise ValueError(f"{_FNAME}: emulate must be False, True, 'amx' or 'arm', got "
+                         f"{emulate!r}")
     precision = _resolve_precision(precision, _FNAME)
     if (not fast_tried and window is None and softcap is None and sinks is None
             and alibi_slopes is None and key_lengths is None and query_lengths is None
@@ -510,7 +514,7 @@ def _run(call, precision, emulate):
                 L, S, E, Ev, call.scale, call.is_causal, call.bottom_right, call.return_lse,
                 n_threads, var.left, var.right, var.softcap, var.key_lengths,
                 var.query_lengths, var.slopes, var.sinks, emulate=emulate is not False,
-                tiles=_on_tiles(emulate))
+                tiles=_on_tiles(emulate), arm=_bf16_arm(emulate))
 
         # bfloat16 on the bf16 dot products (prefill only: decode is memory-bound and stays
         # on the exact path), or on AMX tiles (prefill and decode: the query heads of a K/V

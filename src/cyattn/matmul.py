@@ -39,11 +39,33 @@ def default_bf16_path():
     if path == "amx":
         return f"fast on AMX tiles (tdpbf16ps) by default [{why}]; precision='exact': float32 FMAs"
     if path == "fast":
-        return (f"fast (vdpbf16ps, AVX512-BF16) by default [{why}]; precision='exact': "
-                f"float32 FMAs")
-    fast = ("vdpbf16ps" if getattr(_backend.kernels, "BF16_DOT", False)
-            else "portable emulation of vdpbf16ps")
-    return f"exact (float32 FMAs) by default [{why}]; precision='fast': {fast}"
+        return (f"fast ({_dot_name()}) by default [{why}]; precision='exact': float32 FMAs")
+    return f"exact (float32 FMAs) by default [{why}]; precision='fast': {_dot_name()}"
+
+
+def _dot_name(kernels=None):
+    """What precision="fast" multiplies bfloat16 on with ``kernels`` (default: the loaded
+    ones), apart from AMX tiles: an instruction, or the portable model of this build's rule."""
+    k = _backend.kernels if kernels is None else kernels
+    if getattr(k, "BF16_ARM", False):
+        return "BFDOT, FEAT_BF16"
+    if getattr(k, "BF16_DOT", False):
+        return "vdpbf16ps, AVX512-BF16"
+    if getattr(k, "BF16_RULE", "x86") == "arm":
+        return "portable model of BFDOT"
+    return "portable emulation of vdpbf16ps"
+
+
+EMULATIONS = (False, True, "amx", "arm")
+
+
+def _bf16_arm(emulate):
+    """Whether a bf16 dot-product call follows BFDOT's rule (isa/_cyattn_bf16_arm.h):
+    ``emulate="arm"`` (its model, on any host), or, with ``emulate`` False or True, the loaded
+    build's own rule (BFDOT's in aarch64 builds, vdpbf16ps's in x86-64 ones)."""
+    if emulate == "arm":
+        return True
+    return emulate != "amx" and getattr(_backend.kernels, "BF16_RULE", "x86") == "arm"
 
 
 def _fast_call(a, b, out, alpha, n_threads):
@@ -168,11 +190,14 @@ def matmul_accumulate(a, b, out, *, alpha=1.0, precision=None, n_threads=None):
 def _matmul(a, b, out, alpha, precision, n_threads, emulate=False):
     """matmul_accumulate; ``emulate`` runs the fast bf16 path's emulation even where the
     kernels have the instruction (for the tests that compare the two bit for bit):
-    True for vdpbf16ps's, ``"amx"`` for the AMX tiles' model (the tile path on every host:
-    the amx variant's bits). Without it, the fast path runs on tiles in the amx variant and
-    on vdpbf16ps (or its emulation) elsewhere."""
-    if emulate not in (False, True, "amx"):
-        raise ValueError(f"{_FNAME}: emulate must be False, True or 'amx', got {emulate!r}")
+    True for the model of this build's rule (vdpbf16ps's on x86-64, BFDOT's on aarch64),
+    ``"amx"`` for the AMX tiles' model (the tile path on every host: the amx variant's bits),
+    ``"arm"`` for BFDOT's model (the neonbf16 variant's bits, on every host). Without it, the
+    fast path runs on tiles in the amx variant, on BFDOT in the neonbf16 variant and on
+    vdpbf16ps (or the model of the build's rule) elsewhere."""
+    if emulate not in EMULATIONS:
+        raise ValueError(f"{_FNAME}: emulate must be False, True, 'amx' or 'arm', got "
+                         f"{emulate!r}")
     precision = _resolve_precision(precision)
     if _fast_call(a, b, out, alpha, n_threads):
         return out
@@ -230,7 +255,8 @@ def _matmul(a, b, out, alpha, precision, n_threads, emulate=False):
                                                    c_fmt=c_fmt, emulate=emulate == "amx")
         elif fast:
             _backend.kernels.matmul_accumulate_bf16(*args, M, N, K, alpha, n_threads,
-                                                    c_fmt=c_fmt, emulate=emulate is True)
+                                                    c_fmt=c_fmt, emulate=emulate is not False,
+                                                    arm=_bf16_arm(emulate))
         else:
             _backend.kernels.matmul_accumulate(*args, M, N, K, alpha, n_threads,
                                                a_fmt=a_fmt, b_fmt=b_fmt, c_fmt=c_fmt)

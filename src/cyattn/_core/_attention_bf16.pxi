@@ -38,12 +38,6 @@
 #   On tiles, few-row calls (L <= DECODE_MAX_L) that the exact path would decode take the tile
 #   decode instead (_attention_decode_amx.pxi); the other few-row calls run here.
 
-cdef enum:
-    BF16_EMUL = 0             # vdpbf16ps emulated
-    BF16_DOT_HW = 1           # vdpbf16ps
-    BF16_TILES_MODEL = 2      # AMX tiles, the portable model
-    BF16_TILES_HW = 3         # AMX tiles, the instructions (the amx variant)
-
 cdef inline uint32_t bf16_rne_bits(float x) noexcept nogil:
     """x (finite, >= 0, or NaN) rounded to bfloat16, nearest even: the 16 bits."""
     cdef uint32_t u = <uint32_t>_f32_bits(x)
@@ -140,17 +134,6 @@ cdef void bf16_panel_softmax(float* panel, Py_ssize_t kb, float* row_m, float* r
         row_l[j] = row_l[j] * factor[j] + part[j]
 
 
-cdef inline void bf16_tile(bint use_hw, Py_ssize_t kp, const uint32_t* pa, const uint32_t* pb,
-                           float* c, Py_ssize_t rsc, Py_ssize_t m_here, float alpha,
-                           int overwrite) noexcept nogil:
-    """One m_here x 32 tile (c row stride rsc, unit column stride) on the hardware or the
-    emulation (the same bits)."""
-    if use_hw:
-        cyattn_bf16_tile_avx512(kp, pa, pb, c, rsc, 1, m_here, BF16_NR, alpha, overwrite)
-    else:
-        cyattn_bf16_tile_emul(kp, pa, pb, c, rsc, 1, m_here, BF16_NR, alpha, overwrite)
-
-
 cdef void bf16_attention_task(const uint16_t* q, Py_ssize_t q_rs, Py_ssize_t q_cs,
                               const uint16_t* k, Py_ssize_t k_rs, Py_ssize_t k_cs,
                               const uint16_t* v, Py_ssize_t v_rs, Py_ssize_t v_cs,
@@ -176,7 +159,7 @@ cdef void bf16_attention_task(const uint16_t* q, Py_ssize_t q_rs, Py_ssize_t q_c
     cdef float* o_row
     cdef float* panel
     cdef float* ot_col
-    cdef bint tiles = engine >= BF16_TILES_MODEL
+    cdef bint tiles = (engine == BF16_TILES_MODEL or engine == BF16_TILES_HW)
     cdef Py_ssize_t ne = (E + AMX_KB - 1) // AMX_KB, ld_k = ne * AMX_KB
     cdef Py_ssize_t ld_v = KB + 2 * AMX_BLOCK, evp = round_up(Ev, AMX_BLOCK), nkc
     live = 0 if live < 0 else live
@@ -253,9 +236,9 @@ cdef void bf16_attention_task(const uint16_t* q, Py_ssize_t q_rs, Py_ssize_t q_c
                     panel[r] = panel[r] * scale
             ir = ks
             while ir < kq and not tiles:        # S^T = scale K Q^T, 8 keys x 32 lanes a tile
-                bf16_tile(engine == BF16_DOT_HW, kpe, k_pairs + ir * kpe,
-                          qt_pairs + jp * kpe * BF16_NR, tile + ir * BF16_NR, BF16_NR,
-                          kq - ir if kq - ir < BF16_MR else BF16_MR, scale, 1)
+                bf16_dot_tile(engine, kpe, k_pairs + ir * kpe,
+                              qt_pairs + jp * kpe * BF16_NR, tile + ir * BF16_NR, BF16_NR, 1,
+                              kq - ir if kq - ir < BF16_MR else BF16_MR, BF16_NR, scale, 1)
                 ir += BF16_MR
             panel_masks(panel, n_keys, BF16_NR, lanes, q_first, j0 + ks, bmask, amask,
                         m_rs, m_cs, lim)
@@ -280,10 +263,10 @@ cdef void bf16_attention_task(const uint16_t* q, Py_ssize_t q_rs, Py_ssize_t q_c
                                         p_tiles, ot + jp * BF16_NR, ld_o)
             ir = 0
             while ir < Ev and not tiles:
-                bf16_tile(engine == BF16_DOT_HW, (n_keys + 1) // 2,
-                          vt_pairs + ir * kpb + (ks // 2) * BF16_MR,
-                          p_pairs, ot + ir * ld_o + jp * BF16_NR, ld_o,
-                          Ev - ir if Ev - ir < BF16_MR else BF16_MR, 1.0, 0)
+                bf16_dot_tile(engine, (n_keys + 1) // 2,
+                              vt_pairs + ir * kpb + (ks // 2) * BF16_MR,
+                              p_pairs, ot + ir * ld_o + jp * BF16_NR, ld_o, 1,
+                              Ev - ir if Ev - ir < BF16_MR else BF16_MR, BF16_NR, 1.0, 0)
                 ir += BF16_MR
         j0 += KB
     for r in range(rows):
@@ -331,7 +314,7 @@ cdef int bf16_attention_worker(const uint16_t* q, const int64_t* q_off, Py_ssize
     cdef Py_ssize_t ld_o = qlanes + 16          # rows of O^T a cache line longer (see there)
     cdef size_t bytes_o = <size_t>(ld_o * Ev) * sizeof(float)
     cdef size_t bytes_rows = <size_t>(3 * qlanes) * sizeof(float)
-    cdef bint tiles = engine >= BF16_TILES_MODEL
+    cdef bint tiles = (engine == BF16_TILES_MODEL or engine == BF16_TILES_HW)
     cdef Py_ssize_t ne = (E + AMX_KB - 1) // AMX_KB, evp = round_up(Ev, AMX_BLOCK)
     cdef size_t bytes_pt = 0, bytes_ctx = 0
     cdef void* tctx = NULL
@@ -410,8 +393,8 @@ cdef void bf16_attention_run(const uint16_t* q, const int64_t* q_off, Py_ssize_t
                             int* redo) noexcept nogil:
     """The bf16 fast path over all tasks (query groups as attention_run chooses them for the
     fused path; they change no bit); status[0] = 1 if scratch could not be allocated.
-    engine: BF16_EMUL, BF16_DOT_HW (a bint use_hw reads as these two), BF16_TILES_MODEL or
-    BF16_TILES_HW."""
+    engine: BF16_EMUL, BF16_DOT_HW, BF16_ARM_MODEL, BF16_ARM_HW (bf16_engine),
+    BF16_TILES_MODEL or BF16_TILES_HW."""
     cdef Py_ssize_t qg = QG_DENSE if E + Ev <= 256 else QG
     cdef Py_ssize_t per_thread = 8 if n_threads > 1 and (var.causal or var.has_right) else 2
     cdef Py_ssize_t tasks = batch * ((L + qg - 1) // qg)

@@ -37,6 +37,7 @@
 #include "_cyattn_tile_narrow.h"
 #include "_cyattn_bf16_emul.h"
 #include "_cyattn_bf16_avx512.h"
+#include "_cyattn_bf16_arm.h"
 #include "_cyattn_amx.h"
 
 #endif /* CYATTN_SUPPORT_H */

@@ -218,7 +218,7 @@ def attention(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs,
 
 def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bint gqa,
                    bint want_lse, int n_threads, empty, int q_fmt=0, int kv_fmt=0,
-                   bint bf16_dot=False, bint emulate=False):
+                   bint bf16_dot=False, bint emulate=False, bint arm=CYATTN_BF16_RULE_ARM):
     """Attention for aligned q (..., L, E), k (..., S, E) and v (..., S, Ev) of one native
     float dtype with rows of adjacent elements (unit stride along the last axis; any other
     strides, also 0 or negative, as the head views of a fused QKV projection have), with
@@ -415,7 +415,7 @@ def attention_fast(q, k, v, mask, out, scale, bint causal, bint bottom_right, bi
                     <const float*>mv.buf if mask_kind == 2 else NULL, offs + 3 * batch,
                     m_rs, m_cs, <float*>rv.buf, <float*>lv.buf, batch, L, S, E, Ev,
                     <float>scale_value, &var, want_lse, n_threads,
-                    CYATTN_HAVE_BF16_DOT and not emulate, &status, &half_redo)
+                    bf16_engine(arm, emulate), &status, &half_redo)
             else:
                 status = attention_run(
                     code == 8, <const char*>qv.buf, offs, q_rs, 1,

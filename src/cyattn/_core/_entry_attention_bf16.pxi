@@ -14,10 +14,11 @@ def attention_bf16(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs
                    Py_ssize_t window_left=-1, Py_ssize_t window_right=-1, double softcap=0.0,
                    const int64_t[::1] key_len=None, const int64_t[::1] query_len=None,
                    const double[::1] slopes=None, const double[::1] sinks=None,
-                   bint emulate=False, bint tiles=False):
+                   bint emulate=False, bint tiles=False, bint arm=CYATTN_BF16_RULE_ARM):
     """Scaled dot-product attention of bf16 q, k, v (uint16 views of the bits; offsets and
-    strides in elements, as ``attention``) on the bf16 dot product: vdpbf16ps where this
-    module has it (BF16_DOT) unless ``emulate``, else the emulation (the same bits); with
+    strides in elements, as ``attention``) on the bf16 dot product: vdpbf16ps's rule, or
+    BFDOT's with ``arm`` (the default in aarch64 builds), on the instruction where this module
+    has it (BF16_DOT, BF16_ARM) unless ``emulate``, else the rule's model (the same bits); with
     ``tiles``, on AMX tiles: the instructions where this module has them (AMX) unless
     ``emulate``, else the tiles' portable model (the same bits); on tiles, the few-row calls
     the exact path would decode take the tile decode (_attention_decode_amx.pxi).
@@ -30,7 +31,7 @@ def attention_bf16(q, const int64_t[::1] q_off, Py_ssize_t q_rs, Py_ssize_t q_cs
     cdef const float* amask = NULL
     cdef const int64_t* mo = NULL
     cdef int status = 0, redo = 0
-    cdef int engine = BF16_DOT_HW if CYATTN_HAVE_BF16_DOT and not emulate else BF16_EMUL
+    cdef int engine = bf16_engine(arm, emulate)
     if tiles:
         engine = BF16_TILES_HW if CYATTN_HAVE_AMX and not emulate else BF16_TILES_MODEL
     cdef Py_ssize_t batch = q_off.shape[0]

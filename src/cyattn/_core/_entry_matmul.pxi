@@ -210,16 +210,22 @@ def matmul_fast(a, b, out, double alpha, int n_threads):
 # --- bfloat16 on bf16 dot products (precision="fast") ---
 
 BF16_DOT = bool(CYATTN_HAVE_BF16_DOT)   # this module multiplies bf16 with vdpbf16ps
+BF16_ARM = bool(CYATTN_HAVE_BF16_ARM)   # this module multiplies bf16 with BFDOT (neonbf16)
+# the rule of precision="fast" in this build where it has no instruction: BFDOT's in aarch64
+# builds (the bits of an aarch64 CPU with FEAT_BF16), vdpbf16ps's in x86-64 ones
+BF16_RULE = "arm" if CYATTN_BF16_RULE_ARM else "x86"
 
 
 def matmul_accumulate_bf16(a, const int64_t[::1] a_off, Py_ssize_t rsa, Py_ssize_t csa,
                            b, const int64_t[::1] b_off, Py_ssize_t rsb, Py_ssize_t csb,
                            out, const int64_t[::1] c_off, Py_ssize_t rsc, Py_ssize_t csc,
                            Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, double alpha,
-                           int n_threads, int c_fmt=0, bint emulate=False):
+                           int n_threads, int c_fmt=0, bint emulate=False,
+                           bint arm=CYATTN_BF16_RULE_ARM):
     """out[t] += alpha * a[t] @ b[t] with bf16 a and b (uint16 views of the bits) on the bf16
-    dot product (_gemm_bf16.pxi): vdpbf16ps where this module has it (BF16_DOT) unless
-    ``emulate``, else the emulation, which gives the same bits. out is float32, or bf16 bits
+    dot product (_gemm_bf16.pxi): vdpbf16ps's rule, or BFDOT's with ``arm`` (the default in
+    aarch64 builds), on the instruction where this module has it (BF16_DOT, BF16_ARM) unless
+    ``emulate``, else the rule's model, which gives the same bits. out is float32, or bf16 bits
     (uint16) with c_fmt = CYATTN_HALF_BF16; offsets and strides in elements."""
     cdef Py_buffer av, bv, cv
     cdef char* ap
@@ -228,7 +234,7 @@ def matmul_accumulate_bf16(a, const int64_t[::1] a_off, Py_ssize_t rsa, Py_ssize
     cdef int status = 0
     cdef Py_ssize_t batch = c_off.shape[0]
     cdef Py_ssize_t tile_m, tile_n
-    cdef bint use_hw = CYATTN_HAVE_BF16_DOT and not emulate
+    cdef int engine = bf16_engine(arm, emulate)
     matmul_tiles(batch, M, N, BF16_MR, BF16_NR, &n_threads, &tile_m, &tile_n)
     if c_fmt != 0:
         half_c_tiles(BF16_NR, &tile_m, &tile_n)
@@ -244,7 +250,7 @@ def matmul_accumulate_bf16(a, const int64_t[::1] a_off, Py_ssize_t rsa, Py_ssize
                     matmul_tasks_bf16(<const uint16_t*>ap, &a_off[0], rsa, csa,
                                       <const uint16_t*>bp, &b_off[0], rsb, csb,
                                       cp, &c_off[0], rsc, csc, batch, M, N, K, <float>alpha,
-                                      tile_m, tile_n, n_threads, &status, c_fmt, use_hw)
+                                      tile_m, tile_n, n_threads, &status, c_fmt, engine)
             finally:
                 PyBuffer_Release(&cv)
         finally:
@@ -256,15 +262,24 @@ def matmul_accumulate_bf16(a, const int64_t[::1] a_off, Py_ssize_t rsa, Py_ssize
 
 
 def bf16_dot_lanes(const float[::1] acc, const uint32_t[::1] a, const uint32_t[::1] b,
-                   float[::1] out, bint emulate=False):
+                   float[::1] out, bint emulate=False, bint arm=False):
     """out[i] = one vdpbf16ps lane: acc[i] + the products of the bf16 pairs a[i] and b[i]
     (high halves first), on the instruction where this module has it (BF16_DOT) unless
-    ``emulate``, else emulated. For the tests of the semantics; lengths must match."""
+    ``emulate``, else emulated; with ``arm``, one BFDOT lane (the pair summed first, rounded
+    to odd: isa/_cyattn_bf16_arm.h) on the instruction where this module has it (BF16_ARM)
+    unless ``emulate``, else the model. For the tests of the semantics; lengths must match."""
     cdef Py_ssize_t n = acc.shape[0], i
     if a.shape[0] != n or b.shape[0] != n or out.shape[0] != n:
         raise ValueError("bf16_dot_lanes: acc, a, b and out must have one length")
     with nogil:
-        if CYATTN_HAVE_BF16_DOT and not emulate:
+        if arm:
+            if CYATTN_HAVE_BF16_ARM and not emulate:
+                for i in range(n):
+                    out[i] = cyattn_bf16_arm_dot_lane_hw(acc[i], a[i], b[i])
+            else:
+                for i in range(n):
+                    out[i] = cyattn_bf16_arm_dot_step(acc[i], a[i], b[i])
+        elif CYATTN_HAVE_BF16_DOT and not emulate:
             for i in range(n):
                 out[i] = cyattn_bf16_dot_lane_hw(acc[i], a[i], b[i])
         else:

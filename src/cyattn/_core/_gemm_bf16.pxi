@@ -118,14 +118,49 @@ cdef void pack_b_pairs_whole(Py_ssize_t K, Py_ssize_t N, const uint16_t* b, Py_s
         pc += KCB
 
 
+cdef enum:
+    # which bf16 dot product runs (bf16_engine picks one per call; the tiles' two are
+    # _gemm_amx.pxi's and the fused attention's)
+    BF16_EMUL = 0             # vdpbf16ps's rule, the portable emulation
+    BF16_DOT_HW = 1           # vdpbf16ps (the avx512bf16 variant)
+    BF16_TILES_MODEL = 2      # AMX tiles, the portable model
+    BF16_TILES_HW = 3         # AMX tiles, the instructions (the amx variant)
+    BF16_ARM_MODEL = 4        # BFDOT / BFMMLA's rule, the portable model
+    BF16_ARM_HW = 5           # BFDOT (the neonbf16 variant)
+
+
+cdef inline int bf16_engine(bint arm, bint emulate) noexcept nogil:
+    """The dot-product engine of a call: ``arm`` picks BFDOT's rule over vdpbf16ps's, and the
+    rule runs on the instruction where this module has it, unless ``emulate``."""
+    if arm:
+        return BF16_ARM_HW if CYATTN_HAVE_BF16_ARM and not emulate else BF16_ARM_MODEL
+    return BF16_DOT_HW if CYATTN_HAVE_BF16_DOT and not emulate else BF16_EMUL
+
+
+cdef inline void bf16_dot_tile(int engine, Py_ssize_t kp, const uint32_t* pa,
+                               const uint32_t* pb, float* c, Py_ssize_t rsc, Py_ssize_t csc,
+                               Py_ssize_t m_here, Py_ssize_t n_here, float alpha,
+                               int overwrite) noexcept nogil:
+    """One BF16_MR x BF16_NR tile (m_here x n_here of it stored) on the engine's kernel: each
+    rule's instruction and its model give the same bits."""
+    if engine == BF16_DOT_HW:
+        cyattn_bf16_tile_avx512(kp, pa, pb, c, rsc, csc, m_here, n_here, alpha, overwrite)
+    elif engine == BF16_ARM_HW:
+        cyattn_bf16_tile_arm_hw(kp, pa, pb, c, rsc, csc, m_here, n_here, alpha, overwrite)
+    elif engine == BF16_ARM_MODEL:
+        cyattn_bf16_tile_arm_model(kp, pa, pb, c, rsc, csc, m_here, n_here, alpha, overwrite)
+    else:
+        cyattn_bf16_tile_emul(kp, pa, pb, c, rsc, csc, m_here, n_here, alpha, overwrite)
+
+
 cdef void gemm_block_bf16(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, float alpha,
                           const uint16_t* a, Py_ssize_t rsa, Py_ssize_t csa,
                           const uint16_t* b, Py_ssize_t rsb, Py_ssize_t csb,
                           float* c, Py_ssize_t rsc, Py_ssize_t csc,
-                          uint32_t* buf_a, uint32_t* buf_b, bint use_hw,
+                          uint32_t* buf_a, uint32_t* buf_b, int engine,
                           const uint32_t* pb_all) noexcept nogil:
     """C[M, N] += alpha * A[M, K] @ B[K, N] (A, B bf16 bits, any strides; C float32) on the
-    bf16 dot product: the hardware's (use_hw, where this module has it) or its emulation.
+    bf16 dot product of ``engine`` (bf16_engine: an instruction or the model of its rule).
     buf_a holds MC x KCB / 2 pairs, buf_b KCB / 2 x min(NC, round_up(N, BF16_NR)).
     pb_all != NULL (N <= NC): B packed whole by pack_b_pairs_whole, read in place (``b`` is
     not read); the same panels, so the same bits."""
@@ -155,20 +190,10 @@ cdef void gemm_block_bf16(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, float alpha,
                     ir = 0
                     while ir < mc:
                         pa = buf_a + ir * kp
-                        if use_hw:
-                            cyattn_bf16_tile_avx512(kp, pa, pb + jr * kp,
-                                                    c + (ic + ir) * rsc + (jc + jr) * csc,
-                                                    rsc, csc,
-                                                    mc - ir if mc - ir < BF16_MR else BF16_MR,
-                                                    nc - jr if nc - jr < BF16_NR else BF16_NR,
-                                                    alpha, 0)
-                        else:
-                            cyattn_bf16_tile_emul(kp, pa, pb + jr * kp,
-                                                  c + (ic + ir) * rsc + (jc + jr) * csc,
-                                                  rsc, csc,
-                                                  mc - ir if mc - ir < BF16_MR else BF16_MR,
-                                                  nc - jr if nc - jr < BF16_NR else BF16_NR,
-                                                  alpha, 0)
+                        bf16_dot_tile(engine, kp, pa, pb + jr * kp,
+                                      c + (ic + ir) * rsc + (jc + jr) * csc, rsc, csc,
+                                      mc - ir if mc - ir < BF16_MR else BF16_MR,
+                                      nc - jr if nc - jr < BF16_NR else BF16_NR, alpha, 0)
                         ir += BF16_MR
                     jr += BF16_NR
                 ic += MC
@@ -182,7 +207,7 @@ cdef int matmul_worker_bf16(const uint16_t* a, const int64_t* a_off, Py_ssize_t 
                             Py_ssize_t rsc, Py_ssize_t csc, Py_ssize_t batch, Py_ssize_t M,
                             Py_ssize_t N, Py_ssize_t K, float alpha, Py_ssize_t tile_m,
                             Py_ssize_t tile_n, Py_ssize_t first, Py_ssize_t step, int c_fmt,
-                            bint use_hw) noexcept nogil:
+                            int engine) noexcept nogil:
     """Output tiles first, first + step, ... of a batched C += alpha A B with bf16 A and B
     (gemm_block_bf16), with this worker's own buffers; 1 if they cannot be allocated.
     c_fmt != 0: C holds 16-bit elements of that format; each tile is widened into a float32
@@ -243,7 +268,7 @@ cdef int matmul_worker_bf16(const uint16_t* a, const int64_t* a_off, Py_ssize_t 
         gemm_block_bf16(mm, nn, K, alpha, a + a_off[bi] + i0 * rsa, rsa, csa,
                         b + b_off[bi] + j0 * csb, rsb, csb,
                         cdst, nn if c_fmt != 0 else rsc, 1 if c_fmt != 0 else csc,
-                        buf_a, buf_b, use_hw, pb_all)
+                        buf_a, buf_b, engine, pb_all)
         if c_fmt != 0:
             narrow_block(ctile, mm, nn, c16, rsc, csc, c_fmt)
         t += step
@@ -257,7 +282,7 @@ cdef void matmul_tasks_bf16(const uint16_t* a, const int64_t* a_off, Py_ssize_t 
                             Py_ssize_t rsc, Py_ssize_t csc, Py_ssize_t batch, Py_ssize_t M,
                             Py_ssize_t N, Py_ssize_t K, float alpha, Py_ssize_t tile_m,
                             Py_ssize_t tile_n, int n_threads, int* status, int c_fmt,
-                            bint use_hw) noexcept nogil:
+                            int engine) noexcept nogil:
     """Batched C += alpha A B on the bf16 dot product over output tiles: worker w of
     n_threads takes tiles w, w + n_threads, ... (as matmul_tasks)."""
     cdef Py_ssize_t w
@@ -265,11 +290,11 @@ cdef void matmul_tasks_bf16(const uint16_t* a, const int64_t* a_off, Py_ssize_t 
         return
     if n_threads <= 1:
         if matmul_worker_bf16(a, a_off, rsa, csa, b, b_off, rsb, csb, c, c_off, rsc, csc,
-                              batch, M, N, K, alpha, tile_m, tile_n, 0, 1, c_fmt, use_hw):
+                              batch, M, N, K, alpha, tile_m, tile_n, 0, 1, c_fmt, engine):
             status[0] = 1
         return
     for w in prange(n_threads, num_threads=n_threads, schedule='static', chunksize=1):
         if matmul_worker_bf16(a, a_off, rsa, csa, b, b_off, rsb, csb, c, c_off, rsc, csc,
                               batch, M, N, K, alpha, tile_m, tile_n, w, n_threads, c_fmt,
-                              use_hw):
+                              engine):
             status[0] = 1

@@ -78,9 +78,13 @@ cdef extern from "_cyattn_support.h" nogil:
         BF16_MR "CYATTN_BF16_MR"
         BF16_NR "CYATTN_BF16_NR"
         CYATTN_HAVE_BF16_DOT
+        CYATTN_HAVE_BF16_ARM
+        CYATTN_BF16_RULE_ARM
         CYATTN_HAVE_TRANSPOSE
         CYATTN_HAVE_TILE12X8
     float cyattn_bf16_dot_step(float acc, uint32_t a, uint32_t b)
+    float cyattn_bf16_arm_dot_step(float acc, uint32_t a, uint32_t b)
+    float cyattn_bf16_arm_dot_lane_hw(float acc, uint32_t a, uint32_t b)
     enum:
         CYATTN_HAVE_AMX
         AMX_KB "CYATTN_AMX_KB"
@@ -143,5 +147,12 @@ cdef extern from "_cyattn_support.h" nogil:
                                Py_ssize_t rsc, Py_ssize_t csc, Py_ssize_t m_here,
                                Py_ssize_t n_here, float alpha, int overwrite)
     void cyattn_bf16_tile_avx512(Py_ssize_t kp, const uint32_t* pa, const uint32_t* pb,
+                                 float* c, Py_ssize_t rsc, Py_ssize_t csc, Py_ssize_t m_here,
+                                 Py_ssize_t n_here, float alpha, int overwrite)
+    void cyattn_bf16_tile_arm_model(Py_ssize_t kp, const uint32_t* pa, const uint32_t* pb,
+                                    float* c, Py_ssize_t rsc, Py_ssize_t csc,
+                                    Py_ssize_t m_here, Py_ssize_t n_here, float alpha,
+                                    int overwrite)
+    void cyattn_bf16_tile_arm_hw(Py_ssize_t kp, const uint32_t* pa, const uint32_t* pb,
                                  float* c, Py_ssize_t rsc, Py_ssize_t csc, Py_ssize_t m_here,
                                  Py_ssize_t n_here, float alpha, int overwrite)
