@@ -96,7 +96,8 @@ class BuildExt(build_ext):
             base = ["/O2"]
             omp_c, omp_l = ["/openmp"], []
             isa = {"avx2": ["/arch:AVX2"], "avx512": ["/arch:AVX512"],
-                   "avx512bf16": ["/arch:AVX512"], "amx": ["/arch:AVX512"], "neon": []}
+                   "avx512bf16": ["/arch:AVX512"], "amx": ["/arch:AVX512"], "neon": [],
+                   "neonbf16": []}
         else:
             base = ["-O3", "-fno-strict-aliasing"]
             if sys.platform == "darwin":
@@ -114,6 +115,13 @@ class BuildExt(build_ext):
                 amx if self._compiles(isa["avx512bf16"] + amx, amx_probe) else [])
             # Apple's clang targets armv8.x of its own CPUs by default: name the baseline
             isa["neon"] = ["-march=armv8-a"]
+            # FEAT_BF16 (BFDOT, BFMMLA): Armv8.2-A and later with the bf16 extension; a compiler
+            # without it builds the variant on the portable model of BFDOT (the same bits)
+            bf16 = ["-march=armv8.2-a+bf16"]
+            bf16_probe = ("#include <arm_neon.h>\nfloat32x4_t f(float32x4_t a, bfloat16x8_t b)"
+                          "{return vbfdotq_laneq_f32(a, b, b, 1);}\n")
+            isa["neonbf16"] = bf16 if (_target_is_aarch64()
+                                       and self._compiles(bf16, bf16_probe)) else isa["neon"]
         use_omp = not _env_flag("CYATTN_NO_OPENMP") and self._compiles_and_links(omp_c, omp_l)
         self.cyattn_openmp = use_omp
         for ext in self.extensions:
@@ -156,12 +164,12 @@ def _extensions():
     if _target_is_x86_64():
         variants += ["avx2", "avx512", "avx512bf16", "amx"]
     elif _target_is_aarch64():
-        # opt-in at run time (CYATTN_BACKEND=neon, cyattn._backend.OPT_IN): tested under qemu,
-        # not yet on aarch64 hardware
-        variants += ["neon"]
+        # opt-in at run time (CYATTN_BACKEND=neon / neonbf16, cyattn._backend.OPT_IN): tested
+        # under qemu, not yet on aarch64 hardware
+        variants += ["neon", "neonbf16"]
     # macros of one variant: CYATTN_ISA_NEON turns on the NEON vocabulary (the baseline module
     # is compiled for the same architecture, so the flags alone cannot tell them apart)
-    macros = {"neon": [("CYATTN_ISA_NEON", "1")]}
+    macros = {"neon": [("CYATTN_ISA_NEON", "1")], "neonbf16": [("CYATTN_ISA_NEON", "1")]}
     exts = [
         Extension(
             f"cyattn._kernels_{v}",

@@ -38,6 +38,14 @@ CASES = [
     ("Hygon Dhyana", "HygonGenuine", 0x18, AVX2, False, False, "exact"),
     ("other vendor with AVX512-BF16", "CentaurHauls", 7, BF16, True, False, "exact"),
     ("aarch64", "", 0, ["neon"], False, False, "exact"),
+    ("aarch64 with FEAT_BF16, default variant", "", 0, ["neon", "fp16", "bf16"], False, False,
+     "exact"),
+]
+# aarch64 with the opt-in neonbf16 variant loaded (kernels with BFDOT): the fast path
+ARM_CASES = [
+    ("Graviton3, neonbf16 forced", ["neon", "fp16", "bf16", "i8mm", "sve"], True, "fast"),
+    ("Graviton3, neon forced", ["neon", "fp16", "bf16", "i8mm", "sve"], False, "exact"),
+    ("Graviton2", ["neon", "fp16"], False, "exact"),
 ]
 
 
@@ -49,6 +57,18 @@ def test_rule_per_cpu_class(name, vendor, family, feats, dot, amx, path):
     assert isinstance(why, str) and why
     # deterministic: the same facts give the same answer
     assert _backend.bf16_path(vendor, family, feats, dot, amx) == (got, why)
+
+
+@pytest.mark.parametrize("name, feats, arm, path", ARM_CASES, ids=[c[0] for c in ARM_CASES])
+def test_rule_on_aarch64(name, feats, arm, path):
+    got, why = _backend.bf16_path("", 0, feats, False, False, arm)
+    assert got == path
+    if arm:
+        assert "BFDOT" in why and "neonbf16" in why
+    elif "bf16" in feats:
+        assert "CYATTN_BACKEND=neonbf16" in why and "AVX512" not in why
+    else:
+        assert "no FEAT_BF16" in why
 
 
 def test_reasons_say_why():

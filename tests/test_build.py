@@ -85,7 +85,7 @@ def test_other_builds_hold_only_the_baseline():
 
 @pytest.mark.skipif(IS_AARCH64, reason="not aarch64 only")
 def test_non_aarch64_builds_have_no_neon_variant():
-    assert not _built("neon")
+    assert not _built("neon") and not _built("neonbf16")
 
 
 def test_variant_modules_are_what_they_say():
@@ -93,6 +93,7 @@ def test_variant_modules_are_what_they_say():
         module = _backend.load_variant(name)
         assert module.__name__ == f"cyattn._kernels_{name}"
         assert module.VARIANT == name
+        assert not module.BF16_ARM     # BFDOT only in the opt-in neonbf16 variant
         # only the avx512bf16 variant multiplies bf16 on vdpbf16ps (gcc/clang: always)
         if name != "avx512bf16":
             assert not module.BF16_DOT
@@ -112,8 +113,10 @@ def test_available_variants_match_cpu_features():
     feats = set(_backend.cpu_features())
     avail = _backend.available_variants()
     assert avail[0] == "baseline"
-    assert "neon" not in avail and "amx" not in avail      # opt-in only (OPT_IN)
-    assert _backend.runnable_opt_in() == (["neon"] if _built("neon") and "neon" in feats else [])
+    assert not {"neon", "neonbf16", "amx"} & set(avail)    # opt-in only (OPT_IN)
+    assert _backend.runnable_opt_in() == (
+        (["neon"] if _built("neon") and "neon" in feats else [])
+        + (["neonbf16"] if _built("neonbf16") and {"neon", "bf16"} <= feats else []))
     can_avx2 = {"avx", "avx2", "fma", "os_ymm"} <= feats
     assert ("avx2" in avail) == (_built("avx2") and can_avx2)
     can_avx512 = can_avx2 and {"avx512f", "avx512vl", "avx512bw", "avx512dq", "os_zmm"} <= feats
@@ -200,18 +203,22 @@ def test_forcing_an_unrunnable_variant_is_an_import_error(tmp_path, name):
     assert f"ImportError: {why}" in proc.stderr, proc.stderr
 
 
-def test_neon_variant_is_opt_in(tmp_path):
-    """neon (aarch64) is never the default (it has run under qemu only); forcing it loads it
-    where built, and elsewhere is an ImportError that says it is not built."""
-    assert "neon" not in _backend.available_variants()
-    proc = _run(_PROBE, tmp_path, backend="neon")
-    if _built("neon"):
+@pytest.mark.parametrize("name", ["neon", "neonbf16"])
+def test_neon_variant_is_opt_in(tmp_path, name):
+    """neon and neonbf16 (aarch64) are never the default (they have run under qemu only);
+    forcing one loads it where built and the CPU runs it, elsewhere it is an ImportError that
+    says why (not built; or, for neonbf16, no FEAT_BF16)."""
+    assert name not in _backend.available_variants()
+    proc = _run(_PROBE, tmp_path, backend=name)
+    if _built(name) and _backend._NEEDS[name] <= set(_backend.cpu_features()):
         assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.split()[0] == "neon"
+        assert proc.stdout.split()[0] == name
         default = _run(_PROBE, tmp_path)
         assert default.returncode == 0 and default.stdout.split()[0] == "baseline"
+    elif _built(name):
+        assert proc.returncode != 0 and "bf16" in proc.stderr, proc.stderr
     else:
-        assert "the 'neon' kernel variant is not built into this install" in proc.stderr
+        assert f"the {name!r} kernel variant is not built into this install" in proc.stderr
 
 
 def test_amx_variant_is_opt_in(tmp_path):

@@ -20,7 +20,10 @@ when the variant is loaded); :func:`amx_status` says why not where it does not.
 The ``neon`` variant (aarch64: Advanced SIMD softmax rows, exp and decode, an 8 x 12 GEMM
 micro-kernel) is opt-in by the same rule, ``CYATTN_BACKEND=neon``: it passes the test suite
 under qemu-user, but qemu is not hardware, so it is not the default until an aarch64 CPU has
-run its tests. :func:`runnable_opt_in` lists it where it can load (for the tests).
+run its tests. So is ``neonbf16`` (the neon kernels plus BFDOT for bfloat16 ``matmul_accumulate``
+and prefill attention with ``precision="fast"``, on FEAT_BF16: HWCAP2_BF16, or macOS's
+hw.optional.arm.FEAT_BF16), ``CYATTN_BACKEND=neonbf16``. :func:`runnable_opt_in` lists those
+two where they can load (for the tests).
 
 Which bfloat16 path ``precision=None`` takes is :func:`bf16_path`, a pure function of CPUID's
 facts (vendor, family, the features) and of what the loaded kernels have; never a timing.
@@ -41,9 +44,9 @@ _FEATURE_BITS = {"sse2": 1, "avx": 2, "fma": 4, "avx2": 8, "os_ymm": 16, "avx512
                  "fp16": 65536, "bf16": 131072, "i8mm": 262144, "sve": 524288}
 # Best last within each architecture: a build holds either the x86-64 or the aarch64 ones.
 VARIANTS = ("baseline", "avx2", "avx512", "avx512bf16")
-# Loaded only when CYATTN_BACKEND names them, never by default: neither has run on its hardware
-# (amx: tested through its portable model; neon: under qemu only).
-OPT_IN = ("amx", "neon")
+# Loaded only when CYATTN_BACKEND names them, never by default: none has run on its hardware
+# (amx: tested through its portable model; neon and neonbf16: under qemu only).
+OPT_IN = ("amx", "neon", "neonbf16")
 _NEEDS = {"baseline": set(),
           "neon": {"neon"},
           "avx2": {"avx", "avx2", "fma", "f16c", "os_ymm"},
@@ -51,6 +54,7 @@ _NEEDS = {"baseline": set(),
                      "avx512dq", "os_zmm"}}
 _NEEDS["avx512bf16"] = _NEEDS["avx512"] | {"avx512bf16"}
 _NEEDS["amx"] = _NEEDS["avx512bf16"] | {"amx_bf16", "amx_tile", "os_tile"}
+_NEEDS["neonbf16"] = {"neon", "bf16"}
 _FEATURE_TEXT = {"amx_bf16": "AMX-BF16 (CPUID leaf 7 EDX bit 22)",
                  "amx_tile": "AMX-TILE (CPUID leaf 7 EDX bit 24)",
                  "os_tile": "the OS's tile state (XCR0 bits 17 and 18)"}
@@ -147,7 +151,7 @@ def load_variant(name):
 
 # --- the bfloat16 path: a rule keyed on CPUID, never on a timing ---
 
-def bf16_path(vendor, family, features, dot_kernels, amx_kernels):
+def bf16_path(vendor, family, features, dot_kernels, amx_kernels, arm_kernels=False):
     """The path a bfloat16 ``matmul_accumulate`` takes with ``precision=None``, and why.
 
     A pure function of CPUID's facts, so that results never depend on a timing:
@@ -156,6 +160,8 @@ def bf16_path(vendor, family, features, dot_kernels, amx_kernels):
     CPU and loaded kernels                      path       why
     ==========================================  =========  ==============================
     amx variant loaded (opt-in)                 ``amx``    tdpbf16ps tiles
+    neonbf16 variant loaded (opt-in, aarch64)   ``fast``   BFDOT (FEAT_BF16)
+    aarch64 otherwise                           ``exact``  BFDOT only in neonbf16
     AMD family >= 0x19 with AVX512-BF16         ``fast``   vdpbf16ps ~2x float32 FMA
     Intel with AVX512-BF16 (Cooper Lake,        ``exact``  vdpbf16ps 0.5x float32 FMA
     Sapphire/Emerald/Granite Rapids)
@@ -175,6 +181,8 @@ def bf16_path(vendor, family, features, dot_kernels, amx_kernels):
         Whether the loaded kernels multiply bf16 on vdpbf16ps (their ``BF16_DOT``).
     amx_kernels : bool
         Whether the loaded kernels multiply bf16 on AMX tiles (their ``AMX``).
+    arm_kernels : bool, optional
+        Whether the loaded kernels multiply bf16 on BFDOT (their ``BF16_ARM``: aarch64).
 
     Returns
     -------
@@ -186,6 +194,14 @@ def bf16_path(vendor, family, features, dot_kernels, amx_kernels):
     amx_cpu = {"amx_bf16", "amx_tile"} <= features
     if amx_kernels:
         return "amx", "the opt-in amx variant is loaded (CYATTN_BACKEND=amx): tdpbf16ps tiles"
+    if arm_kernels:
+        return "fast", ("the opt-in neonbf16 variant is loaded (CYATTN_BACKEND=neonbf16): "
+                        "BFDOT (FEAT_BF16)")
+    if "neon" in features:
+        if "bf16" in features:
+            return "exact", ("BFDOT (FEAT_BF16) is in the opt-in neonbf16 variant "
+                             "(CYATTN_BACKEND=neonbf16; not yet run on aarch64 hardware)")
+        return "exact", "no FEAT_BF16 in this CPU: the model of BFDOT is slower than widening"
     if "avx512bf16" not in features:
         return "exact", "no AVX512-BF16 in this CPU: the emulation of vdpbf16ps is slower"
     if not dot_kernels:
@@ -220,6 +236,8 @@ def bf16_fast_by_default(kernels_module, tiles=True):
     than widening."""
     if tiles and getattr(kernels_module, "AMX", False):
         return True
+    if getattr(kernels_module, "BF16_ARM", False):
+        return True
     return _DOT_IS_FAST and bool(getattr(kernels_module, "BF16_DOT", False))
 
 
@@ -227,7 +245,7 @@ def default_bf16_path(kernels_module=None):
     """:func:`bf16_path` for this CPU and ``kernels_module`` (default: the loaded kernels)."""
     k = kernels if kernels_module is None else kernels_module
     return bf16_path(*_CPU_FACTS, bool(getattr(k, "BF16_DOT", False)),
-                     bool(getattr(k, "AMX", False)))
+                     bool(getattr(k, "AMX", False)), bool(getattr(k, "BF16_ARM", False)))
 
 
 def _choose():
