@@ -13,6 +13,11 @@ exactly one loop is the k loop of the intended shape:
     ldr/ldur 1);
   * no access to the stack (sp) and no other store inside the loop: no spills.
 
+In the neonbf16 module (FEAT_BF16) it also checks the bf16 tile (cyattn_bf16_tile_arm_hw,
+isa/_cyattn_bf16_arm.h): exactly one loop of 16 BFDOT by element (``bfdot vD.4s, vN.8h,
+vM.2h[i]``) into 16 distinct accumulators, 4 vector registers' worth of loads (B: 8 column pairs,
+A: 8 row pairs), no stack access and no store: one k pair of an 8 x 8 strip in registers.
+
 What it proves: the instructions gcc emitted for this build (gcc, flags and source as built by
 tools/qemu_aarch64_check.sh) have the register-resident 8 x 12 shape, 24 FMAs per 5 loads. What
 it does not: how fast an actual core runs them (no hardware timings exist; qemu counts nothing
@@ -20,7 +25,7 @@ about pipelines, latencies or caches), nor anything about the other kernels (sof
 decode, attention tiles), whose correctness the test suites under qemu check instead.
 
 Usage: python tools/aarch64_disasm_check.py OBJECT [--objdump aarch64-linux-gnu-objdump]
-  OBJECT: the neon module (cyattn/_kernels_neon*.so) or its .o, not stripped.
+  OBJECT: the neon or neonbf16 module (cyattn/_kernels_neon*.so) or its .o, not stripped.
 Exit status 0 when the shape holds, 1 otherwise (with the loops found).
 """
 import argparse
@@ -31,6 +36,8 @@ import sys
 SYMBOL = re.compile(r"^[0-9a-f]+ <(?P<name>[^>]+)>:$")
 INSN = re.compile(r"^\s*(?P<addr>[0-9a-f]+):\s+(?P<op>\S+)\s*(?P<args>.*?)\s*(//.*)?$")
 FMLA_ELEM = re.compile(r"^(v\d+)\.4s, (v\d+)\.4s, (v\d+)\.s\[\d\]$")
+BFDOT_ELEM = re.compile(r"^(v\d+)\.4s, (v\d+)\.8h, (v\d+)\.2h\[\d\]$")
+BF16_TILE = "cyattn_bf16_tile_arm_hw"
 BRANCH = re.compile(r"^([0-9a-f]+) <")
 STEPS = 2      # k steps per pass of the loop (cyattn_tile8x12_f32 unrolls by two)
 
@@ -68,8 +75,8 @@ def loops(insns):
     return found
 
 
-def shape(body):
-    fmla = [FMLA_ELEM.match(args) for _, op, args in body if op == "fmla"]
+def shape(body, op_name="fmla", pattern=FMLA_ELEM):
+    fmla = [pattern.match(args) for _, op, args in body if op == op_name]
     fmla = [m for m in fmla if m]
     loads = sum(2 if op == "ldp" else 1 for _, op, args in body
                 if op in ("ldp", "ldr", "ldur", "ld1") and re.match(r"^q\d+", args))
@@ -94,11 +101,13 @@ def main():
     args = ap.parse_args()
     text = subprocess.run([args.objdump, "-d", "--no-show-raw-insn", args.object],
                           check=True, capture_output=True, text=True).stdout
-    funcs = functions(text, "_kernels_neon_micro_kernel_f32")
+    funcs = (functions(text, "_kernels_neon_micro_kernel_f32")
+             or functions(text, "_kernels_neonbf16_micro_kernel_f32"))
     if not funcs:
         print(f"aarch64_disasm_check: no neon micro_kernel_f32 in {args.object}")
         return 1
-    ok = True
+    ok = check_bf16_tile(functions(text, BF16_TILE).get(BF16_TILE, []),
+                         "_kernels_neonbf16_" in text)
     for name, insns in sorted(funcs.items()):
         shapes = [shape(b) for b in loops(insns)]
         good = [s for s in shapes
@@ -122,6 +131,32 @@ def main():
                   f"({good[0]['instructions']} instructions: {24 * STEPS} fmla by element, "
                   f"{5 * STEPS} vector loads, no spills)")
     return 0 if ok else 1
+
+
+def check_bf16_tile(insns, required):
+    """The BFDOT tile's k loop (neonbf16); without BFDOT in the function (the neon module runs
+    the model there) nothing is checked unless ``required``."""
+    shapes = [shape(b, "bfdot", BFDOT_ELEM) for b in loops(insns)]
+    shapes = [s for s in shapes if s["fmla_by_element"]]
+    if not shapes and not required:
+        return True
+    good = [s for s in shapes
+            if s["fmla_by_element"] == 16 and s["accumulators"] == 16
+            and s["b_operands"] == 2 and s["a_operands"] == 2 and s["vector_loads"] == 4
+            and not s["stack_accesses"] and not s["stores"]]
+    print(f"{BF16_TILE}: {len(insns)} instructions")
+    for s in shapes:
+        print(f"  loop of {s['instructions']} instructions: {s['fmla_by_element']} bfdot by "
+              f"element into {s['accumulators']} accumulators, {s['vector_loads']} vector "
+              f"loads, stack accesses {s['stack_accesses'] or 'none'}, stores "
+              f"{s['stores'] or 'none'}")
+    if len(good) != 1:
+        print(f"  FAILED: expected one k loop of 16 bfdot by element in registers, found "
+              f"{len(good)}")
+        return False
+    print(f"  ok: one k pair of an 8 x 8 strip a pass ({good[0]['instructions']} "
+          f"instructions: 16 bfdot by element, 4 vector loads, no spills)")
+    return True
 
 
 if __name__ == "__main__":

@@ -10,13 +10,16 @@
 #   3. cross-compile: setup.py build_ext with aarch64-linux-gnu-gcc against the root file
 #      system's Python headers (Cython runs on the host; about 30 s per variant instead of about
 #      5 minutes under emulation); every extension must be an aarch64 ELF object;
-#   4. the shape of the neon micro-kernel's k loop in the disassembly (aarch64_disasm_check.py);
+#   4. the shape of the neon micro-kernel's k loop in the disassembly (aarch64_disasm_check.py),
+#      and of neonbf16's float32 and BFDOT tiles;
 #      control: a BFDOT program must run under -cpu max and die with SIGILL under the fall-back
 #      CPU -- otherwise the fall-back run would not prove that the dispatch avoids bf16 code;
 #   5. per emulated CPU (-cpu max: every aarch64 variant; the fall-back CPU, an Armv8.0
 #      Cortex-A72 without FP16/BF16 by default): python -m cyattn info (the variant the
 #      dispatcher picks by itself), python -m cyattn check (the oracle self-check), and the
-#      kernel suites (tests/test_kernels.py per variant, plus the selection below). Child
+#      kernel suites (tests/test_kernels.py per variant, plus the selection below); on -cpu max
+#      the opt-in neonbf16 variant's BFDOT against its model (tests/test_bf16_arm.py) and, not
+#      in --quick, its self-check; on the fall-back CPU, that neonbf16 is refused. Child
 #      interpreters started by the tests (sys.executable) run under the same emulated CPU.
 #
 # Usage: tools/qemu_aarch64_check.sh [--cache DIR] [--quick | --insn-per-flop]
@@ -163,6 +166,12 @@ case " ${built[*]} " in
         "$py" "$root/tools/aarch64_disasm_check.py" "$work"/src/src/cyattn/_kernels_neon"$target_suffix" ||
             fail "the neon micro-kernel's k loop is not the 8 x 12 shape" ;;
 esac
+case " ${built[*]} " in
+    *" neonbf16 "*)
+        step "disassembly: the neonbf16 GEMM and BFDOT tiles' k loops (tools/aarch64_disasm_check.py)"
+        "$py" "$root/tools/aarch64_disasm_check.py" "$work"/src/src/cyattn/_kernels_neonbf16"$target_suffix" ||
+            fail "a neonbf16 micro-kernel's k loop is not of its shape" ;;
+esac
 if [ "$insn" = 1 ]; then
     step "instructions per useful flop under qemu (tools/insn_per_flop.py)"
     x86=()
@@ -267,6 +276,43 @@ run_cpu() {
             grep -q "cases match the oracle" "$work/check-neon-$cpu.txt" ||
                 fail "check printed no result" ;;
     esac
+    # the opt-in neonbf16 variant: on -cpu max its BFDOT against the model (tests/test_bf16_arm.py,
+    # none skipped) and, by hand, the self-check; elsewhere the dispatcher must refuse it
+    case " ${built[*]} " in
+        *" neonbf16 "*)
+            if [ "$cpu" = max ]; then
+                if [ "$quick" = 0 ]; then
+                    step "CYATTN_BACKEND=neonbf16 python -m cyattn check under -cpu $cpu"
+                    "${emu[@]:0:5}" CYATTN_BACKEND=neonbf16 "${emu[@]:5}" -m cyattn check \
+                        > "$work/check-neonbf16.txt" 2>&1 ||
+                        { cat "$work/check-neonbf16.txt"; fail "neonbf16 check under -cpu $cpu"; }
+                    cat "$work/check-neonbf16.txt"
+                    grep -q "cases match the oracle" "$work/check-neonbf16.txt" ||
+                        fail "check printed no result"
+                fi
+                step "CYATTN_BACKEND=neonbf16 pytest tests/test_bf16_arm.py under -cpu $cpu"
+                t0=$SECONDS
+                set +e
+                "${emu[@]:0:5}" CYATTN_BACKEND=neonbf16 "${emu[@]:5}" -m pytest -q \
+                    -p no:cacheprovider tests/test_bf16_arm.py > "$work/pytest-neonbf16.txt" 2>&1
+                rc=$?
+                set -e
+                tail -5 "$work/pytest-neonbf16.txt"
+                [ "$rc" = 0 ] || fail "tests/test_bf16_arm.py failed on neonbf16 (exit $rc)"
+                ! grep -q skipped "$work/pytest-neonbf16.txt" ||
+                    fail "tests/test_bf16_arm.py skipped tests on neonbf16: BFDOT not compared"
+                echo "tests: $((SECONDS - t0))s"
+            else
+                step "CYATTN_BACKEND=neonbf16 refused under -cpu $cpu (no FEAT_BF16)"
+                if "${emu[@]:0:5}" CYATTN_BACKEND=neonbf16 "${emu[@]:5}" -c "import cyattn" \
+                        > "$work/neonbf16-$cpu.txt" 2>&1; then
+                    fail "the neonbf16 variant loaded under -cpu $cpu, which has no FEAT_BF16"
+                fi
+                grep -q "ImportError.*bf16" "$work/neonbf16-$cpu.txt" ||
+                    { cat "$work/neonbf16-$cpu.txt"; fail "no ImportError naming bf16"; }
+                tail -1 "$work/neonbf16-$cpu.txt"
+            fi ;;
+    esac
 
     if [ "$pytest_args" != skip ]; then
         step "kernel suites under -cpu $cpu: pytest $pytest_args"
@@ -288,8 +334,10 @@ run_cpu() {
 # baseline (whose loops are the portable code that the x86 baseline already tests natively:
 # CYATTN_QEMU_PYTEST_MAX=tests/test_kernels.py adds it, about 640 tests more).
 if [ "$quick" = 1 ]; then
-    max_default="tests/test_kernels.py -k 'neon and (matmul or gemm or softmax or attention)'"
-    fallback_default="tests/test_kernels.py -k 'neon and (matmul or gemm)'"
+    # neon, not neonbf16 (whose float32 kernels are the same source; its BFDOT is checked by
+    # tests/test_bf16_arm.py above)
+    max_default="tests/test_kernels.py -k 'neon and not neonbf16 and (matmul or gemm or softmax or attention)'"
+    fallback_default="tests/test_kernels.py -k 'neon and not neonbf16 and (matmul or gemm)'"
 else
     max_default="tests/test_kernels.py tests/test_threads.py -k 'not baseline'"
     fallback_default="tests/test_kernels.py -k 'not baseline and (matmul or gemm)'"
