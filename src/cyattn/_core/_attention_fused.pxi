@@ -284,7 +284,11 @@ cdef void fused_attention_task(const void* q, Py_ssize_t q_rs, Py_ssize_t q_cs, 
     cdef Py_ssize_t panels, kv_beg, kv_end, j0, kb, kq, ks, jp, jp0, jp1, ir, pc, kc, r, e
     cdef Py_ssize_t first_q, last_q, lanes, q_first, n_keys
     cdef floating inv, acc, w, f, l2, m2
-    cdef bint v_bad, rescale, narrow
+    cdef bint v_bad, rescale, narrow, first
+    # which query panels' O^T columns hold sums yet: a panel's first P V product overwrites
+    # them (the same bits as zeroing then accumulating: the tiles' sums start at +0, so
+    # none is -0, and s + 0 == s), and only panels never written are zeroed at the end
+    cdef unsigned char ot_set[QG_DENSE]
     cdef floating* o_row
     cdef floating* panel
     cdef floating* ot_col
@@ -302,7 +306,8 @@ cdef void fused_attention_task(const void* q, Py_ssize_t q_rs, Py_ssize_t q_cs, 
     for r in range(panels * nr):
         row_m[r] = <floating>-CYATTN_INF
         row_l[r] = 0
-    memset(ot, 0, <size_t>(ld_o * (Ev if Ev > 0 else 1)) * sizeof(floating))
+    for jp in range(panels):
+        ot_set[jp] = 0
     kv_beg = row_lo(lim, i0)                    # the first key the first row may see
     kv_end = row_hi(lim, i0 + rows - 1)         # one past the last key any row here may see
     if kv_end > kv_beg:                         # Q^T: E x rows
@@ -397,10 +402,12 @@ cdef void fused_attention_task(const void* q, Py_ssize_t q_rs, Py_ssize_t q_cs, 
             panel_online_softmax(panel, n_keys, row_m + jp * nr, row_l + jp * nr, factor)
             if Ev <= 0:
                 continue
+            first = not ot_set[jp]
+            ot_set[jp] = 1
             rescale = False
             for r in range(nr):
                 rescale = rescale | (factor[r] != 1)
-            if rescale:                         # x * 1 == x: skip when no lane's max grew
+            if rescale and not first:           # x * 1 == x: skip when no lane's max grew
                 for e in range(Ev):
                     ot_col = ot + e * ld_o + jp * nr
                     for r in range(nr):
@@ -421,7 +428,7 @@ cdef void fused_attention_task(const void* q, Py_ssize_t q_rs, Py_ssize_t q_cs, 
                                 else:
                                     acc = CYATTN_MULADD_F64(
                                         w, v_blk[(ks + pc) * vb_rs + e * vb_cs], acc)
-                        ot_col[r] = ot_col[r] + acc
+                        ot_col[r] = acc if first else ot_col[r] + acc
                 continue
             # O^T += V^T (Ev x n_keys) @ P^T (n_keys x nr); a key past kq has weight 0 in
             # every lane, and so has one before ks
@@ -432,7 +439,8 @@ cdef void fused_attention_task(const void* q, Py_ssize_t q_rs, Py_ssize_t q_cs, 
                     kc = n_keys - pc if n_keys - pc < KC else KC
                     cyattn_tile12x8_f32(kc, <const float*>vt_packed + ir * kb + (ks + pc) * mr,
                                         mr * kb, <const float*>panel + pc * nr, nr,
-                                        <float*>ot + ir * ld_o + jp * nr, ld_o, 1, 0)
+                                        <float*>ot + ir * ld_o + jp * nr, ld_o, 1,
+                                        first and pc == 0)
                     pc += KC
                 ir += 12
             while ir < Ev:
@@ -443,15 +451,22 @@ cdef void fused_attention_task(const void* q, Py_ssize_t q_rs, Py_ssize_t q_cs, 
                         micro_kernel_f32(kc, vt_packed + ir * kb + (ks + pc) * mr,
                                          panel + pc * nr,
                                          ot + ir * ld_o + jp * nr, ld_o, 1,
-                                         Ev - ir if Ev - ir < mr else mr, nr, 1, False)
+                                         Ev - ir if Ev - ir < mr else mr, nr, 1,
+                                         first and pc == 0)
                     else:
                         micro_kernel_f64(kc, vt_packed + ir * kb + (ks + pc) * mr,
                                          panel + pc * nr,
                                          ot + ir * ld_o + jp * nr, ld_o, 1,
-                                         Ev - ir if Ev - ir < mr else mr, nr, 1, False)
+                                         Ev - ir if Ev - ir < mr else mr, nr, 1,
+                                         first and pc == 0)
                     pc += KC
                 ir += mr
         j0 += KB
+    for jp in range(panels if Ev > 0 else 0):   # panels no key reached: O^T = 0
+        if not ot_set[jp]:
+            for e in range(Ev):
+                for r in range(nr):
+                    ot[e * ld_o + jp * nr + r] = 0
     if floating is float:
         # the rows' 1 / sum into row_l (no longer needed), lse as below, then O^T into the
         # output rows in 8 x 8 blocks (_cyattn_transpose.h); a fully masked row is then zeroed
