@@ -10,6 +10,8 @@ and of the paired ratios. Every implementation writes into its own preallocated 
   for non-temporal stores (``softmax_stream_min_bytes()``);
 - ``cyattn-ord``: the kernel entry with the rule switched off (ordinary stores, the pipelined
   rows of main), unless ``--no-ord``;
+- ``cyattn-nt`` (``--nt``): the kernel entry with streaming forced (``stream_min`` 0: the
+  non-temporal rows whatever the size and variant), to try the rule where it is off;
 - ``ort``: ONNX Runtime's opset-23 Softmax through an IOBinding (``cyattn._bench.peers``);
 - ``copy``: ``np.copyto(out, x)`` over the same bytes (one thread whatever the column).
 
@@ -45,6 +47,7 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--log", action="store_true", help="log_softmax instead of softmax")
     ap.add_argument("--no-ord", action="store_true", help="skip the ordinary-store kernel")
+    ap.add_argument("--nt", action="store_true", help="add the kernel with streaming forced")
     ap.add_argument("--no-ort", action="store_true")
     args = ap.parse_args(argv)
     import cyattn
@@ -62,12 +65,15 @@ def main(argv=None):
     for n in lens:
         x = rng.standard_normal((args.rows, n), dtype=np.float32)
         gb = 2 * x.nbytes / 1e9
-        outs = {k: np.empty_like(x) for k in ("cyattn", "cyattn-ord", "ort", "copy")}
+        outs = {k: np.empty_like(x) for k in ("cyattn", "cyattn-ord", "cyattn-nt", "ort", "copy")}
         for nt in threads:
             impls = {"cyattn": functools.partial(fn, x, out=outs["cyattn"])}
             if not args.no_ord:
                 impls["cyattn-ord"] = functools.partial(
                     kern.softmax_fast, x, outs["cyattn-ord"], args.log, nt, np.empty, 1 << 62)
+            if args.nt:
+                impls["cyattn-nt"] = functools.partial(
+                    kern.softmax_fast, x, outs["cyattn-nt"], args.log, nt, np.empty, 0)
             if not args.no_ort and not args.log and peers.ort_module() is not None:
                 impls["ort"] = peers.ort_softmax(x, None, nt)[0]
             impls["copy"] = functools.partial(np.copyto, outs["copy"], x)
@@ -79,13 +85,14 @@ def main(argv=None):
                         time.sleep(0.2)
                         impls[k]()
                         times[k].append(_time(impls[k], args.calls))
-            if "cyattn-ord" in outs and not args.no_ord:
-                assert np.array_equal(outs["cyattn"], outs["cyattn-ord"]), "bits differ"
+            for k in ("cyattn-ord", "cyattn-nt"):
+                if k in impls:
+                    assert np.array_equal(outs["cyattn"], outs[k]), f"{k}: bits differ"
             med = {k: statistics.median(v) for k, v in times.items()}
             print(f"\nrows of {n} ({x.nbytes / 2**20:.0f} MiB in and out), {nt} thread(s)")
             for k, v in med.items():
                 print(f"  {k:11s} {v * 1e3:8.2f} ms  {gb / v:6.2f} GB/s")
-            for peer in ("ort", "cyattn-ord", "copy"):
+            for peer in ("ort", "cyattn-ord", "cyattn-nt", "copy"):
                 if peer in times:
                     rat = [p / c for p, c in zip(times[peer], times["cyattn"])]
                     print(f"  {peer} / cyattn (time ratio, >1: cyattn faster): median "

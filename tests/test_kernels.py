@@ -846,7 +846,7 @@ def test_softmax_streamed_rows_match_the_pipelined_rows_bits(variant, n_threads,
     kern = cyattn._backend.kernels
     assert kern.softmax_stream_min_bytes() > 0
     rng = np.random.default_rng(46)
-    for rows, n in ((1, 32), (5, 33), (9, 100), (13, 512), (4, 2053)):
+    for rows, n in ((1, 32), (5, 33), (9, 100), (13, 512), (4, 2053), (40, 48), (6, 2048)):
         x = (rng.standard_normal((rows, n)) * 4).astype(np.float32)
         if rows > 4:
             x[1, 0], x[2, n - 1], x[3, 1], x[4, :] = np.nan, np.inf, -200.0, -np.inf
