@@ -6,7 +6,7 @@ import numpy as np
 from . import _backend
 from . import _kv8
 from . import _validate as V
-from .matmul import _resolve_precision, _bf16_arm, _dot_name, EMULATIONS
+from .matmul import _resolve_precision, _bf16_arm, _dot_name, _EMULATIONS
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -414,7 +414,7 @@ def _sdpa(query, key, value, attn_mask, is_causal, scale, causal_alignment, enab
     """scaled_dot_product_attention; ``emulate`` runs the bf16 fast path's emulation even
     where the kernels have the instruction (for the tests that compare the two bit for
     bit); ``fast_tried``: the caller has tried the low-overhead path."""
-    if emulate not in EMULATIONS:
+    if emulate not in _EMULATIONS:
         raise ValueError(f"{_FNAME}: emulate must be False, True, 'amx' or 'arm', got "
                          f"{emulate!r}")
     precision = _resolve_precision(precision, _FNAME)

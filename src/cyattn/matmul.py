@@ -56,7 +56,7 @@ def _dot_name(kernels=None):
     return "portable emulation of vdpbf16ps"
 
 
-EMULATIONS = (False, True, "amx", "arm")
+_EMULATIONS = (False, True, "amx", "arm")
 
 
 def _bf16_arm(emulate):
@@ -195,7 +195,7 @@ def _matmul(a, b, out, alpha, precision, n_threads, emulate=False):
     ``"arm"`` for BFDOT's model (the neonbf16 variant's bits, on every host). Without it, the
     fast path runs on tiles in the amx variant, on BFDOT in the neonbf16 variant and on
     vdpbf16ps (or the model of the build's rule) elsewhere."""
-    if emulate not in EMULATIONS:
+    if emulate not in _EMULATIONS:
         raise ValueError(f"{_FNAME}: emulate must be False, True, 'amx' or 'arm', got "
                          f"{emulate!r}")
     precision = _resolve_precision(precision)

@@ -24,6 +24,9 @@
 #   variants round exp and the rescaling differently (FMA contraction), within the bound.
 # * Non-finite results (inf/NaN in the inputs, a NaN score, an overflow): the call reports a
 #   redo (half_redo) and the caller computes it again on the exact path, which handles them.
+# * On AArch64 BFDOT's rule (engine BF16_ARM_MODEL / BF16_ARM_HW: aarch64 builds, the
+#   instruction in the neonbf16 variant; emulate="arm" on any host): the same tasks, panels
+#   and tiles, only the tile's dot-product rule changes (_gemm_bf16.pxi's bf16_dot_tile).
 # * On AMX tiles (engine BF16_TILES_MODEL / BF16_TILES_HW: the opt-in amx variant, or the
 #   tiles' portable model on any host): the same tasks, blocks, panels, masks and online
 #   softmax, only the two products change (isa/_cyattn_amx_loop.h): K is packed per block in

@@ -15,9 +15,12 @@
 #   header for what the instruction does, measured); the block's sum is then added to C as
 #   fma(alpha, sum, C). Tiling and threads never change that order, so results are
 #   bit-identical for any thread count, and the emulation gives the hardware's bits.
+# * The same packing and loops run AArch64 BFDOT's rule (engine BF16_ARM_*: the pair of k
+#   summed first, every step rounded to odd; isa/_cyattn_bf16_arm.h): the neonbf16 variant's
+#   BFDOT tile, or its model, which aarch64 builds use wherever they have no BFDOT.
 # * KCB = KC (256 k values, 128 pairs): the B panel of one block is 16 KiB, the A block
 #   72 KiB. Equal to the float32 path's KC on purpose: with the same blocks and sums over k
-#   in order, the fast path gives the exact path's bits on variants with FMA wherever no
+#   in order, vdpbf16ps's rule gives the exact path's bits on variants with FMA wherever no
 #   subnormal occurs (tests/test_bf16_fast.py checks it).
 # * B packed once per worker and tile column (pack_b_pairs_whole), all of K, when that is at
 #   most B_WHOLE_BYTES: a bf16 out caps tiles at MC rows (half_c_tiles), and each 144-row
@@ -143,9 +146,11 @@ cdef inline void bf16_dot_tile(int engine, Py_ssize_t kp, const uint32_t* pa,
                                int overwrite) noexcept nogil:
     """One BF16_MR x BF16_NR tile (m_here x n_here of it stored) on the engine's kernel: each
     rule's instruction and its model give the same bits."""
-    if engine == BF16_DOT_HW:
+    # the instructions first, each behind its module's constant (a variant without one
+    # compiles its branch away)
+    if CYATTN_HAVE_BF16_DOT and engine == BF16_DOT_HW:
         cyattn_bf16_tile_avx512(kp, pa, pb, c, rsc, csc, m_here, n_here, alpha, overwrite)
-    elif engine == BF16_ARM_HW:
+    elif CYATTN_HAVE_BF16_ARM and engine == BF16_ARM_HW:
         cyattn_bf16_tile_arm_hw(kp, pa, pb, c, rsc, csc, m_here, n_here, alpha, overwrite)
     elif engine == BF16_ARM_MODEL:
         cyattn_bf16_tile_arm_model(kp, pa, pb, c, rsc, csc, m_here, n_here, alpha, overwrite)
