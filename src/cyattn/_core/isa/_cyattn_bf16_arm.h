@@ -99,23 +99,13 @@ static inline float cyattn_bf16_arm_dot_step(float acc, uint32_t a, uint32_t b) 
     return cyattn_bfa_add(cyattn_bfa_flush(acc), pair);
 }
 
-/* C[0:m_here, 0:n_here] (+)= alpha * (A panel @ B panel) over kp k pairs by the model: the
-   packed panels of _cyattn_bf16_emul.h, kp >= 1. */
+/* C[0:m_here, 0:n_here] (+)= alpha * (A panel @ B panel) over kp k pairs by the model (the
+   packed panels of _cyattn_bf16_emul.h, kp >= 1). */
 static void cyattn_bf16_tile_arm_model(ptrdiff_t kp, const uint32_t* pa, const uint32_t* pb,
                                        float* c, ptrdiff_t rsc, ptrdiff_t csc, ptrdiff_t m_here,
                                        ptrdiff_t n_here, float alpha, int overwrite) {
-    float acc[CYATTN_BF16_MR * CYATTN_BF16_NR];
-    ptrdiff_t q, i, j;
-    for (i = 0; i < CYATTN_BF16_MR * CYATTN_BF16_NR; i++) acc[i] = 0.0f;
-    for (q = 0; q < kp; q++) {
-        const uint32_t* bq = pb + q * CYATTN_BF16_NR;
-        for (i = 0; i < m_here; i++) {
-            uint32_t a = pa[q * CYATTN_BF16_MR + i];
-            float* arow = acc + i * CYATTN_BF16_NR;
-            for (j = 0; j < n_here; j++) arow[j] = cyattn_bf16_arm_dot_step(arow[j], a, bq[j]);
-        }
-    }
-    cyattn_bf16_store_tile(acc, c, rsc, csc, m_here, n_here, alpha, overwrite);
+    cyattn_bf16_tile_by_steps(kp, pa, pb, c, rsc, csc, m_here, n_here, alpha, overwrite,
+                              cyattn_bf16_arm_dot_step);
 }
 
 #if (defined(__aarch64__) || defined(_M_ARM64)) && defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)

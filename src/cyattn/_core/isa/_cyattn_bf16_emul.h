@@ -35,6 +35,7 @@
 #include <stddef.h>
 #include <string.h>
 #include <math.h>
+#include "_cyattn_common.h"
 
 /* The micro-kernel tile of the bf16 fast path, every variant (the packed layouts do not
    depend on the CPU). 8 x 32 reached 472 GFLOP/s in cache on a Zen 5 core; 14 x 32, 6 x 64,
@@ -97,11 +98,15 @@ static inline void cyattn_bf16_store_tile(const float* acc, float* c, ptrdiff_t 
     }
 }
 
-/* C[0:m_here, 0:n_here] (+)= alpha * (A panel @ B panel) over kp k pairs, emulated: pa holds
-   kp x CYATTN_BF16_MR pairs, pb kp x CYATTN_BF16_NR pairs (the packed panels), kp >= 1. */
-static void cyattn_bf16_tile_emul(ptrdiff_t kp, const uint32_t* pa, const uint32_t* pb,
-                                  float* c, ptrdiff_t rsc, ptrdiff_t csc, ptrdiff_t m_here,
-                                  ptrdiff_t n_here, float alpha, int overwrite) {
+/* C[0:m_here, 0:n_here] (+)= alpha * (A panel @ B panel) over kp k pairs by one lane rule
+   `step` (acc, a pair, b pair -> acc): pa holds kp x CYATTN_BF16_MR pairs, pb kp x
+   CYATTN_BF16_NR pairs (the packed panels), kp >= 1. The models of every bf16 dot-product
+   rule share it (inlined with `step` a constant). */
+CYATTN_INLINE void cyattn_bf16_tile_by_steps(ptrdiff_t kp, const uint32_t* pa,
+                                             const uint32_t* pb, float* c, ptrdiff_t rsc,
+                                             ptrdiff_t csc, ptrdiff_t m_here, ptrdiff_t n_here,
+                                             float alpha, int overwrite,
+                                             float (*step)(float, uint32_t, uint32_t)) {
     float acc[CYATTN_BF16_MR * CYATTN_BF16_NR];
     ptrdiff_t q, i, j;
     for (i = 0; i < CYATTN_BF16_MR * CYATTN_BF16_NR; i++) acc[i] = 0.0f;
@@ -110,10 +115,18 @@ static void cyattn_bf16_tile_emul(ptrdiff_t kp, const uint32_t* pa, const uint32
         for (i = 0; i < m_here; i++) {
             uint32_t a = pa[q * CYATTN_BF16_MR + i];
             float* arow = acc + i * CYATTN_BF16_NR;
-            for (j = 0; j < n_here; j++) arow[j] = cyattn_bf16_dot_step(arow[j], a, bq[j]);
+            for (j = 0; j < n_here; j++) arow[j] = step(arow[j], a, bq[j]);
         }
     }
     cyattn_bf16_store_tile(acc, c, rsc, csc, m_here, n_here, alpha, overwrite);
+}
+
+/* The tile emulated by vdpbf16ps's rule (cyattn_bf16_dot_step). */
+static void cyattn_bf16_tile_emul(ptrdiff_t kp, const uint32_t* pa, const uint32_t* pb,
+                                  float* c, ptrdiff_t rsc, ptrdiff_t csc, ptrdiff_t m_here,
+                                  ptrdiff_t n_here, float alpha, int overwrite) {
+    cyattn_bf16_tile_by_steps(kp, pa, pb, c, rsc, csc, m_here, n_here, alpha, overwrite,
+                              cyattn_bf16_dot_step);
 }
 
 #endif /* CYATTN_BF16_EMUL_H */
