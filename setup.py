@@ -8,6 +8,9 @@ The same Cython sources are compiled as
     it has run on an aarch64 CPU): -march=armv8-a (Advanced SIMD is in every aarch64
     CPU) plus CYATTN_ISA_NEON, which selects the explicit NEON vectors of
     _core/isa/_cyattn_vec_neon.h and the 8 x 12 micro-kernel tile;
+  * cyattn._kernels_neonbf16 (aarch64 only; opt-in, CYATTN_BACKEND=neonbf16, on FEAT_BF16):
+    the neon variant with -march=armv8.2-a+bf16 (probed), so that the bf16 fast path runs on
+    BFDOT (_core/isa/_cyattn_bf16_arm.h);
   * cyattn._kernels_avx2 (x86-64 only): -mavx2 -mfma -mf16c (x86-64-v3; MSVC: /arch:AVX2);
   * cyattn._kernels_avx512 (x86-64 only): AVX-512 F/VL/BW/DQ + FMA (MSVC: /arch:AVX512),
     the x86-64-v4 feature set, with its own micro-kernel tile sizes (512-bit registers);
