@@ -141,6 +141,72 @@ static inline float cyattn_rmax32(const CYATTN_RV* v, int want_max) {
 #else
 #define CYATTN_T8X12_FENCE
 #endif
+#if defined(__GNUC__)
+/* The k loop in inline assembly (GNU C: gcc and clang): the compiler's register allocation of
+   the intrinsics below depended on the caller it was inlined into -- in the fused attention's
+   task gcc 12 added 4 register moves a pass (62 instructions instead of 58), so the attention's
+   two products ran 7 % more instructions than the GEMM's loop (tools/insn_per_flop.py). Here
+   the registers are fixed: accumulator (i, j) (rows i < 8, column vector j < 3) is v(8 + 3 i +
+   j), A's two vectors v0 v1, B's three v2-v5; loads post-increment their pointer, and the two
+   steps of a pass share five LDP (20 + 20 floats), so a pass is 5 LDP + 48 FMLA + compare and
+   branch = 55 instructions, 27.5 a step. The same FMLA by element, accumulator by
+   accumulator, in the same k order from zero as the intrinsics: the same bits. */
+static inline void cyattn_tile8x12_f32(ptrdiff_t kc, const float* pa, const float* pb,
+                                       float* acc) {
+    const float* pa_end = pa + (kc - kc % 2) * 8;
+    __asm__ volatile(
+        "movi v8.16b, #0\n\t" "movi v9.16b, #0\n\t" "movi v10.16b, #0\n\t" "movi v11.16b, #0\n\t" "movi v12.16b, #0\n\t" "movi v13.16b, #0\n\t"
+        "movi v14.16b, #0\n\t" "movi v15.16b, #0\n\t" "movi v16.16b, #0\n\t" "movi v17.16b, #0\n\t" "movi v18.16b, #0\n\t" "movi v19.16b, #0\n\t"
+        "movi v20.16b, #0\n\t" "movi v21.16b, #0\n\t" "movi v22.16b, #0\n\t" "movi v23.16b, #0\n\t" "movi v24.16b, #0\n\t" "movi v25.16b, #0\n\t"
+        "movi v26.16b, #0\n\t" "movi v27.16b, #0\n\t" "movi v28.16b, #0\n\t" "movi v29.16b, #0\n\t" "movi v30.16b, #0\n\t" "movi v31.16b, #0\n\t"
+        "cmp %[pa], %[pa_end]\n\t"
+        "b.eq 2f\n"
+        "1:\n\t"
+        /* step 0 of the pass: A in v0 v1, B in v2 v3 v4 (v5: step 1's first B vector) */
+        "ldp q0, q1, [%[pa]], #32\n\t" "ldp q2, q3, [%[pb]], #32\n\t" "ldp q4, q5, [%[pb]], #32\n\t"
+        "fmla v8.4s, v2.4s, v0.s[0]\n\t" "fmla v9.4s, v3.4s, v0.s[0]\n\t" "fmla v10.4s, v4.4s, v0.s[0]\n\t"
+        "fmla v11.4s, v2.4s, v0.s[1]\n\t" "fmla v12.4s, v3.4s, v0.s[1]\n\t" "fmla v13.4s, v4.4s, v0.s[1]\n\t"
+        "fmla v14.4s, v2.4s, v0.s[2]\n\t" "fmla v15.4s, v3.4s, v0.s[2]\n\t" "fmla v16.4s, v4.4s, v0.s[2]\n\t"
+        "fmla v17.4s, v2.4s, v0.s[3]\n\t" "fmla v18.4s, v3.4s, v0.s[3]\n\t" "fmla v19.4s, v4.4s, v0.s[3]\n\t"
+        "fmla v20.4s, v2.4s, v1.s[0]\n\t" "fmla v21.4s, v3.4s, v1.s[0]\n\t" "fmla v22.4s, v4.4s, v1.s[0]\n\t"
+        "fmla v23.4s, v2.4s, v1.s[1]\n\t" "fmla v24.4s, v3.4s, v1.s[1]\n\t" "fmla v25.4s, v4.4s, v1.s[1]\n\t"
+        "fmla v26.4s, v2.4s, v1.s[2]\n\t" "fmla v27.4s, v3.4s, v1.s[2]\n\t" "fmla v28.4s, v4.4s, v1.s[2]\n\t"
+        "fmla v29.4s, v2.4s, v1.s[3]\n\t" "fmla v30.4s, v3.4s, v1.s[3]\n\t" "fmla v31.4s, v4.4s, v1.s[3]\n\t"
+        /* step 1: A in v0 v1, B in v5 v2 v3 */
+        "ldp q0, q1, [%[pa]], #32\n\t" "ldp q2, q3, [%[pb]], #32\n\t"
+        "fmla v8.4s, v5.4s, v0.s[0]\n\t" "fmla v9.4s, v2.4s, v0.s[0]\n\t" "fmla v10.4s, v3.4s, v0.s[0]\n\t"
+        "fmla v11.4s, v5.4s, v0.s[1]\n\t" "fmla v12.4s, v2.4s, v0.s[1]\n\t" "fmla v13.4s, v3.4s, v0.s[1]\n\t"
+        "fmla v14.4s, v5.4s, v0.s[2]\n\t" "fmla v15.4s, v2.4s, v0.s[2]\n\t" "fmla v16.4s, v3.4s, v0.s[2]\n\t"
+        "fmla v17.4s, v5.4s, v0.s[3]\n\t" "fmla v18.4s, v2.4s, v0.s[3]\n\t" "fmla v19.4s, v3.4s, v0.s[3]\n\t"
+        "fmla v20.4s, v5.4s, v1.s[0]\n\t" "fmla v21.4s, v2.4s, v1.s[0]\n\t" "fmla v22.4s, v3.4s, v1.s[0]\n\t"
+        "fmla v23.4s, v5.4s, v1.s[1]\n\t" "fmla v24.4s, v2.4s, v1.s[1]\n\t" "fmla v25.4s, v3.4s, v1.s[1]\n\t"
+        "fmla v26.4s, v5.4s, v1.s[2]\n\t" "fmla v27.4s, v2.4s, v1.s[2]\n\t" "fmla v28.4s, v3.4s, v1.s[2]\n\t"
+        "fmla v29.4s, v5.4s, v1.s[3]\n\t" "fmla v30.4s, v2.4s, v1.s[3]\n\t" "fmla v31.4s, v3.4s, v1.s[3]\n\t"
+        "cmp %[pa], %[pa_end]\n\t"
+        "b.ne 1b\n"
+        "2:\n\t"
+        "tbz %[kc], #0, 3f\n\t"
+        "ldp q0, q1, [%[pa]]\n\t" "ldp q2, q3, [%[pb]]\n\t" "ldr q4, [%[pb], #32]\n\t"
+        "fmla v8.4s, v2.4s, v0.s[0]\n\t" "fmla v9.4s, v3.4s, v0.s[0]\n\t" "fmla v10.4s, v4.4s, v0.s[0]\n\t"
+        "fmla v11.4s, v2.4s, v0.s[1]\n\t" "fmla v12.4s, v3.4s, v0.s[1]\n\t" "fmla v13.4s, v4.4s, v0.s[1]\n\t"
+        "fmla v14.4s, v2.4s, v0.s[2]\n\t" "fmla v15.4s, v3.4s, v0.s[2]\n\t" "fmla v16.4s, v4.4s, v0.s[2]\n\t"
+        "fmla v17.4s, v2.4s, v0.s[3]\n\t" "fmla v18.4s, v3.4s, v0.s[3]\n\t" "fmla v19.4s, v4.4s, v0.s[3]\n\t"
+        "fmla v20.4s, v2.4s, v1.s[0]\n\t" "fmla v21.4s, v3.4s, v1.s[0]\n\t" "fmla v22.4s, v4.4s, v1.s[0]\n\t"
+        "fmla v23.4s, v2.4s, v1.s[1]\n\t" "fmla v24.4s, v3.4s, v1.s[1]\n\t" "fmla v25.4s, v4.4s, v1.s[1]\n\t"
+        "fmla v26.4s, v2.4s, v1.s[2]\n\t" "fmla v27.4s, v3.4s, v1.s[2]\n\t" "fmla v28.4s, v4.4s, v1.s[2]\n\t"
+        "fmla v29.4s, v2.4s, v1.s[3]\n\t" "fmla v30.4s, v3.4s, v1.s[3]\n\t" "fmla v31.4s, v4.4s, v1.s[3]\n\t"
+        "3:\n\t"
+        "st1 {v8.4s, v9.4s, v10.4s, v11.4s}, [%[acc]], #64\n\t"
+        "st1 {v12.4s, v13.4s, v14.4s, v15.4s}, [%[acc]], #64\n\t"
+        "st1 {v16.4s, v17.4s, v18.4s, v19.4s}, [%[acc]], #64\n\t"
+        "st1 {v20.4s, v21.4s, v22.4s, v23.4s}, [%[acc]], #64\n\t"
+        "st1 {v24.4s, v25.4s, v26.4s, v27.4s}, [%[acc]], #64\n\t"
+        "st1 {v28.4s, v29.4s, v30.4s, v31.4s}, [%[acc]], #64\n\t"
+        : [pa] "+r"(pa), [pb] "+r"(pb), [acc] "+r"(acc)
+        : [pa_end] "r"(pa_end), [kc] "r"(kc)
+        : "v0", "v1", "v2", "v3", "v4", "v5", "v8", "v9", "v10", "v11", "v12", "v13", "v14", "v15", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29", "v30", "v31", "memory", "cc");
+}
+#else
 static inline void cyattn_tile8x12_f32(ptrdiff_t kc, const float* pa, const float* pb,
                                        float* acc) {
     float32x4_t z = vdupq_n_f32(0.0f);
@@ -169,6 +235,7 @@ static inline void cyattn_tile8x12_f32(ptrdiff_t kc, const float* pa, const floa
     vst1q_f32(acc + 72, c60); vst1q_f32(acc + 76, c61); vst1q_f32(acc + 80, c62);
     vst1q_f32(acc + 84, c70); vst1q_f32(acc + 88, c71); vst1q_f32(acc + 92, c72);
 }
+#endif
 #undef CYATTN_T8X12_ROW
 #undef CYATTN_T8X12_STEP
 #undef CYATTN_T8X12_FENCE
@@ -184,6 +251,18 @@ static inline void cyattn_tile8x12_f32(ptrdiff_t kc, const float* pa, const floa
    cyattn_rmin: the same selection, NaN included), so the same bits. nr % 4 == 0, nr <= 16
    (the neon NR is 12); other widths keep the scalar loop. */
 #define CYATTN_NEON_COLMAX 1
+/* keep[lane] = x[lane] where the mask's lane is all ones, else keep[lane]: vbslq_f32(mask, x,
+   keep), written as BIT so that the running bound is its own destination. (gcc 12 chose BSL,
+   which overwrites the mask, and then copied its result back: 7 register moves per 12 lanes in
+   the loop below.) */
+static inline float32x4_t cyattn_neon_take_if(float32x4_t keep, float32x4_t x, uint32x4_t mask) {
+#if defined(__GNUC__)
+    __asm__("bit %0.16b, %1.16b, %2.16b" : "+w"(keep) : "w"(x), "w"(mask));
+    return keep;
+#else
+    return vbslq_f32(mask, x, keep);
+#endif
+}
 static inline void cyattn_col_maxmin_f32(const float* panel, ptrdiff_t kb, ptrdiff_t nr,
                                          float* col_max, float* col_min) {
     ptrdiff_t p, j, nv = nr / 4;
@@ -196,8 +275,8 @@ static inline void cyattn_col_maxmin_f32(const float* panel, ptrdiff_t kb, ptrdi
         for (p = 0; p < kb; p++)
             for (j = 0; j < nv; j++) {
                 float32x4_t x = vld1q_f32(panel + p * nr + 4 * j);
-                mx[j] = vbslq_f32(vcgtq_f32(x, mx[j]), x, mx[j]);
-                mn[j] = vbslq_f32(vcltq_f32(x, mn[j]), x, mn[j]);
+                mx[j] = cyattn_neon_take_if(mx[j], x, vcgtq_f32(x, mx[j]));
+                mn[j] = cyattn_neon_take_if(mn[j], x, vcltq_f32(x, mn[j]));
             }
         for (j = 0; j < nv; j++) {
             vst1q_f32(col_max + 4 * j, mx[j]);
