@@ -22,7 +22,9 @@ What it proves: the instructions gcc emitted for this build (gcc, flags and sour
 tools/qemu_aarch64_check.sh) have the register-resident 8 x 12 shape, 24 FMAs per 5 loads. What
 it does not: how fast an actual core runs them (no hardware timings exist; qemu counts nothing
 about pipelines, latencies or caches), nor anything about the other kernels (softmax rows,
-decode, attention tiles), whose correctness the test suites under qemu check instead.
+decode, attention tiles), whose correctness the test suites under qemu check instead. Copies of
+the tile inlined elsewhere (the fused attention's task) are checked to have the same k loop, no
+longer than the micro-kernel's.
 
 Usage: python tools/aarch64_disasm_check.py OBJECT [--objdump aarch64-linux-gnu-objdump]
   OBJECT: the neon or neonbf16 module (cyattn/_kernels_neon*.so) or its .o, not stripped.
@@ -108,13 +110,10 @@ def main():
         return 1
     ok = check_bf16_tile(functions(text, BF16_TILE).get(BF16_TILE, []),
                          "_kernels_neonbf16_" in text)
+    reference = None
     for name, insns in sorted(funcs.items()):
         shapes = [shape(b) for b in loops(insns)]
-        good = [s for s in shapes
-                if s["fmla_by_element"] == 24 * STEPS and s["accumulators"] == 24
-                and 3 <= s["b_operands"] <= 3 * STEPS and 2 <= s["a_operands"] <= 2 * STEPS
-                and s["vector_loads"] == 5 * STEPS
-                and not s["stack_accesses"] and not s["stores"]]
+        good = [s for s in shapes if tile_shape(s)]
         print(f"{name}: {len(insns)} instructions, {len(shapes)} loops")
         for s in shapes:
             if s["fmla_by_element"]:
@@ -130,7 +129,42 @@ def main():
             print(f"  ok: the k loop is the 8 x 12 tile in registers, {STEPS} k steps a pass "
                   f"({good[0]['instructions']} instructions: {24 * STEPS} fmla by element, "
                   f"{5 * STEPS} vector loads, no spills)")
+            reference = reference or good[0]
+    if reference is not None:
+        ok = check_every_copy(text, reference) and ok
     return 0 if ok else 1
+
+
+def tile_shape(s):
+    """Whether a loop's shape() is the 8 x 12 tile's k loop in registers."""
+    return (s["fmla_by_element"] == 24 * STEPS and s["accumulators"] == 24
+            and 3 <= s["b_operands"] <= 3 * STEPS and 2 <= s["a_operands"] <= 2 * STEPS
+            and s["vector_loads"] == 5 * STEPS
+            and not s["stack_accesses"] and not s["stores"])
+
+
+def check_every_copy(text, reference):
+    """Every other loop of the module with the tile's 48 FMLA (the copies the compiler inlined
+    elsewhere, e.g. into the fused attention's task) has the same shape and no more
+    instructions than the GEMM's: the attention's products run the same loop."""
+    ok, copies = True, 0
+    for name, insns in sorted(functions(text, "").items()):
+        if "micro_kernel_f32" in name:
+            continue
+        for s in (shape(b) for b in loops(insns)):
+            if s["fmla_by_element"] != 24 * STEPS:
+                continue
+            copies += 1
+            if not tile_shape(s) or s["instructions"] > reference["instructions"]:
+                ok = False
+                print(f"  FAILED: a copy of the tile's k loop in {name}: {s['instructions']} "
+                      f"instructions, {s['accumulators']} accumulators, {s['vector_loads']} "
+                      f"vector loads, stack accesses {s['stack_accesses'] or 'none'}, stores "
+                      f"{s['stores'] or 'none'}")
+    if ok:
+        print(f"  ok: {copies} other copies of the k loop (inlined elsewhere) have its shape "
+              f"and at most its {reference['instructions']} instructions")
+    return ok
 
 
 def check_bf16_tile(insns, required):

@@ -82,6 +82,8 @@ step "tools: qemu-user, debootstrap, aarch64 cross gcc and binutils"
 missing=()
 command -v qemu-aarch64-static >/dev/null || command -v qemu-aarch64 >/dev/null ||
     missing+=(qemu-user-static)
+# the instruction counts load a TCG plugin, which the static build cannot
+[ "$insn" = 0 ] || command -v qemu-aarch64 >/dev/null || missing+=(qemu-user)
 command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
 command -v aarch64-linux-gnu-gcc >/dev/null || missing+=(gcc-aarch64-linux-gnu)
 command -v aarch64-linux-gnu-objdump >/dev/null || missing+=(binutils-aarch64-linux-gnu)
