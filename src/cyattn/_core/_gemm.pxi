@@ -93,12 +93,12 @@ cdef void pack_a(Py_ssize_t mc, Py_ssize_t kc, const floating* a, Py_ssize_t rsa
             src = a + p * csa
             jr = 0
             while jr < full:
+                # memcpy of a constant size: one or two vector moves (an element loop stayed
+                # scalar, as gcc could not rule out that dst and src overlap)
                 if floating is float:
-                    for i in range(MR):
-                        dst[jr * kc + p * MR + i] = src[jr + i]
+                    memcpy(dst + jr * kc + p * MR, src + jr, MR * sizeof(float))
                 else:
-                    for i in range(MRD):
-                        dst[jr * kc + p * MRD + i] = src[jr + i]
+                    memcpy(dst + jr * kc + p * MRD, src + jr, MRD * sizeof(double))
                 jr += mr
         if full == mc:
             return
@@ -164,11 +164,16 @@ cdef void pack_b(Py_ssize_t kc, Py_ssize_t nc, const floating* b, Py_ssize_t rsb
         dst += full * kc
     while jr < nc:
         n_here = nc - jr if nc - jr < nr else nr
-        if rsb == 1 and csb != 1 and n_here == nr and nr % 8 == 0:
+        if rsb == 1 and csb != 1 and n_here == nr and nr % 4 == 0:
+            # 8 x 8 transposes, and a 4 x 8 one for the last 4 columns of a panel of 12 (neon)
             p8 = kc - kc % 8
-            for jb in range(0, nr, 8):
+            for jb in range(0, nr - nr % 8, 8):
                 for p in range(0, p8, 8):
                     transpose_8x8(b + (jr + jb) * csb + p, csb, dst + p * nr + jb, nr)
+            if nr % 8:
+                jb = nr - 4
+                for p in range(0, p8, 8):
+                    transpose_4x8(b + (jr + jb) * csb + p, csb, dst + p * nr + jb, nr)
             for j in range(nr):
                 src = b + (jr + j) * csb
                 for p in range(p8, kc):
