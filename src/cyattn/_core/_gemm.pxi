@@ -311,6 +311,11 @@ cdef void micro_kernel_f32(Py_ssize_t kc, const float* pa, const float* pb,
     if CYATTN_NEON_TILE:
         # the neon variant's 8 x 12 tile in registers (isa/_cyattn_vec_neon.h), the same sums
         # as the loops below; a C constant (0 elsewhere), so the branch is compiled away
+        if CYATTN_TILE8X12_OUT and m_here == MR and n_here == NR and csc == 1:
+            # a whole tile of a row-major C: written from the registers, as
+            # cyattn_tile_out_f32 below would from acc (the same operations)
+            cyattn_tile8x12_out_f32(kc, pa, pb, c, rsc, alpha, overwrite)
+            return
         cyattn_tile8x12_f32(kc, pa, pb, &acc[0][0])
     else:
         # The first k step starts the sums (0 + a b, the same as zeroing and accumulating):

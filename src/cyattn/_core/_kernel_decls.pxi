@@ -49,6 +49,9 @@ cdef extern from "_cyattn_support.h" nogil:
                              Py_ssize_t pbs, float* c, Py_ssize_t rsc, float alpha, int overwrite)
     int CYATTN_NEON_TILE
     void cyattn_tile8x12_f32(Py_ssize_t kc, const float* pa, const float* pb, float* acc)
+    int CYATTN_TILE8X12_OUT
+    void cyattn_tile8x12_out_f32(Py_ssize_t kc, const float* pa, const float* pb, float* c,
+                                 Py_ssize_t rsc, float alpha, int overwrite)
     int CYATTN_NEON_COLMAX
     void cyattn_col_maxmin_f32(const float* panel, Py_ssize_t kb, Py_ssize_t nr,
                                float* col_max, float* col_min)

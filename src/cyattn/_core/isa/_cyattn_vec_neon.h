@@ -151,51 +151,58 @@ static inline float cyattn_rmax32(const CYATTN_RV* v, int want_max) {
    steps of a pass share five LDP (20 + 20 floats), so a pass is 5 LDP + 48 FMLA + compare and
    branch = 55 instructions, 27.5 a step. The same FMLA by element, accumulator by
    accumulator, in the same k order from zero as the intrinsics: the same bits. */
+/* the k loop: accumulators zeroed, then kc steps (two a pass, the odd one after); operands
+   pa, pb (advanced), pa_end = pa + 8 (kc - kc % 2), kc */
+#define CYATTN_T8X12_KLOOP_ASM \
+        "movi v8.16b, #0\n\t" "movi v9.16b, #0\n\t" "movi v10.16b, #0\n\t" "movi v11.16b, #0\n\t" "movi v12.16b, #0\n\t" "movi v13.16b, #0\n\t" \
+        "movi v14.16b, #0\n\t" "movi v15.16b, #0\n\t" "movi v16.16b, #0\n\t" "movi v17.16b, #0\n\t" "movi v18.16b, #0\n\t" "movi v19.16b, #0\n\t" \
+        "movi v20.16b, #0\n\t" "movi v21.16b, #0\n\t" "movi v22.16b, #0\n\t" "movi v23.16b, #0\n\t" "movi v24.16b, #0\n\t" "movi v25.16b, #0\n\t" \
+        "movi v26.16b, #0\n\t" "movi v27.16b, #0\n\t" "movi v28.16b, #0\n\t" "movi v29.16b, #0\n\t" "movi v30.16b, #0\n\t" "movi v31.16b, #0\n\t" \
+        "cmp %[pa], %[pa_end]\n\t" \
+        "b.eq 2f\n" \
+        "1:\n\t" \
+        /* step 0 of the pass: A in v0 v1, B in v2 v3 v4 (v5: step 1's first B vector) */ \
+        "ldp q0, q1, [%[pa]], #32\n\t" "ldp q2, q3, [%[pb]], #32\n\t" "ldp q4, q5, [%[pb]], #32\n\t" \
+        "fmla v8.4s, v2.4s, v0.s[0]\n\t" "fmla v9.4s, v3.4s, v0.s[0]\n\t" "fmla v10.4s, v4.4s, v0.s[0]\n\t" \
+        "fmla v11.4s, v2.4s, v0.s[1]\n\t" "fmla v12.4s, v3.4s, v0.s[1]\n\t" "fmla v13.4s, v4.4s, v0.s[1]\n\t" \
+        "fmla v14.4s, v2.4s, v0.s[2]\n\t" "fmla v15.4s, v3.4s, v0.s[2]\n\t" "fmla v16.4s, v4.4s, v0.s[2]\n\t" \
+        "fmla v17.4s, v2.4s, v0.s[3]\n\t" "fmla v18.4s, v3.4s, v0.s[3]\n\t" "fmla v19.4s, v4.4s, v0.s[3]\n\t" \
+        "fmla v20.4s, v2.4s, v1.s[0]\n\t" "fmla v21.4s, v3.4s, v1.s[0]\n\t" "fmla v22.4s, v4.4s, v1.s[0]\n\t" \
+        "fmla v23.4s, v2.4s, v1.s[1]\n\t" "fmla v24.4s, v3.4s, v1.s[1]\n\t" "fmla v25.4s, v4.4s, v1.s[1]\n\t" \
+        "fmla v26.4s, v2.4s, v1.s[2]\n\t" "fmla v27.4s, v3.4s, v1.s[2]\n\t" "fmla v28.4s, v4.4s, v1.s[2]\n\t" \
+        "fmla v29.4s, v2.4s, v1.s[3]\n\t" "fmla v30.4s, v3.4s, v1.s[3]\n\t" "fmla v31.4s, v4.4s, v1.s[3]\n\t" \
+        /* step 1: A in v0 v1, B in v5 v2 v3 */ \
+        "ldp q0, q1, [%[pa]], #32\n\t" "ldp q2, q3, [%[pb]], #32\n\t" \
+        "fmla v8.4s, v5.4s, v0.s[0]\n\t" "fmla v9.4s, v2.4s, v0.s[0]\n\t" "fmla v10.4s, v3.4s, v0.s[0]\n\t" \
+        "fmla v11.4s, v5.4s, v0.s[1]\n\t" "fmla v12.4s, v2.4s, v0.s[1]\n\t" "fmla v13.4s, v3.4s, v0.s[1]\n\t" \
+        "fmla v14.4s, v5.4s, v0.s[2]\n\t" "fmla v15.4s, v2.4s, v0.s[2]\n\t" "fmla v16.4s, v3.4s, v0.s[2]\n\t" \
+        "fmla v17.4s, v5.4s, v0.s[3]\n\t" "fmla v18.4s, v2.4s, v0.s[3]\n\t" "fmla v19.4s, v3.4s, v0.s[3]\n\t" \
+        "fmla v20.4s, v5.4s, v1.s[0]\n\t" "fmla v21.4s, v2.4s, v1.s[0]\n\t" "fmla v22.4s, v3.4s, v1.s[0]\n\t" \
+        "fmla v23.4s, v5.4s, v1.s[1]\n\t" "fmla v24.4s, v2.4s, v1.s[1]\n\t" "fmla v25.4s, v3.4s, v1.s[1]\n\t" \
+        "fmla v26.4s, v5.4s, v1.s[2]\n\t" "fmla v27.4s, v2.4s, v1.s[2]\n\t" "fmla v28.4s, v3.4s, v1.s[2]\n\t" \
+        "fmla v29.4s, v5.4s, v1.s[3]\n\t" "fmla v30.4s, v2.4s, v1.s[3]\n\t" "fmla v31.4s, v3.4s, v1.s[3]\n\t" \
+        "cmp %[pa], %[pa_end]\n\t" \
+        "b.ne 1b\n" \
+        "2:\n\t" \
+        "tbz %[kc], #0, 3f\n\t" \
+        "ldp q0, q1, [%[pa]]\n\t" "ldp q2, q3, [%[pb]]\n\t" "ldr q4, [%[pb], #32]\n\t" \
+        "fmla v8.4s, v2.4s, v0.s[0]\n\t" "fmla v9.4s, v3.4s, v0.s[0]\n\t" "fmla v10.4s, v4.4s, v0.s[0]\n\t" \
+        "fmla v11.4s, v2.4s, v0.s[1]\n\t" "fmla v12.4s, v3.4s, v0.s[1]\n\t" "fmla v13.4s, v4.4s, v0.s[1]\n\t" \
+        "fmla v14.4s, v2.4s, v0.s[2]\n\t" "fmla v15.4s, v3.4s, v0.s[2]\n\t" "fmla v16.4s, v4.4s, v0.s[2]\n\t" \
+        "fmla v17.4s, v2.4s, v0.s[3]\n\t" "fmla v18.4s, v3.4s, v0.s[3]\n\t" "fmla v19.4s, v4.4s, v0.s[3]\n\t" \
+        "fmla v20.4s, v2.4s, v1.s[0]\n\t" "fmla v21.4s, v3.4s, v1.s[0]\n\t" "fmla v22.4s, v4.4s, v1.s[0]\n\t" \
+        "fmla v23.4s, v2.4s, v1.s[1]\n\t" "fmla v24.4s, v3.4s, v1.s[1]\n\t" "fmla v25.4s, v4.4s, v1.s[1]\n\t" \
+        "fmla v26.4s, v2.4s, v1.s[2]\n\t" "fmla v27.4s, v3.4s, v1.s[2]\n\t" "fmla v28.4s, v4.4s, v1.s[2]\n\t" \
+        "fmla v29.4s, v2.4s, v1.s[3]\n\t" "fmla v30.4s, v3.4s, v1.s[3]\n\t" "fmla v31.4s, v4.4s, v1.s[3]\n\t" \
+        "3:\n\t"
+#define CYATTN_T8X12_CLOBBERS "v0", "v1", "v2", "v3", "v4", "v5", "v8", "v9", "v10", "v11", "v12", \
+    "v13", "v14", "v15", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", \
+    "v26", "v27", "v28", "v29", "v30", "v31", "memory", "cc"
 static inline void cyattn_tile8x12_f32(ptrdiff_t kc, const float* pa, const float* pb,
                                        float* acc) {
     const float* pa_end = pa + (kc - kc % 2) * 8;
     __asm__ volatile(
-        "movi v8.16b, #0\n\t" "movi v9.16b, #0\n\t" "movi v10.16b, #0\n\t" "movi v11.16b, #0\n\t" "movi v12.16b, #0\n\t" "movi v13.16b, #0\n\t"
-        "movi v14.16b, #0\n\t" "movi v15.16b, #0\n\t" "movi v16.16b, #0\n\t" "movi v17.16b, #0\n\t" "movi v18.16b, #0\n\t" "movi v19.16b, #0\n\t"
-        "movi v20.16b, #0\n\t" "movi v21.16b, #0\n\t" "movi v22.16b, #0\n\t" "movi v23.16b, #0\n\t" "movi v24.16b, #0\n\t" "movi v25.16b, #0\n\t"
-        "movi v26.16b, #0\n\t" "movi v27.16b, #0\n\t" "movi v28.16b, #0\n\t" "movi v29.16b, #0\n\t" "movi v30.16b, #0\n\t" "movi v31.16b, #0\n\t"
-        "cmp %[pa], %[pa_end]\n\t"
-        "b.eq 2f\n"
-        "1:\n\t"
-        /* step 0 of the pass: A in v0 v1, B in v2 v3 v4 (v5: step 1's first B vector) */
-        "ldp q0, q1, [%[pa]], #32\n\t" "ldp q2, q3, [%[pb]], #32\n\t" "ldp q4, q5, [%[pb]], #32\n\t"
-        "fmla v8.4s, v2.4s, v0.s[0]\n\t" "fmla v9.4s, v3.4s, v0.s[0]\n\t" "fmla v10.4s, v4.4s, v0.s[0]\n\t"
-        "fmla v11.4s, v2.4s, v0.s[1]\n\t" "fmla v12.4s, v3.4s, v0.s[1]\n\t" "fmla v13.4s, v4.4s, v0.s[1]\n\t"
-        "fmla v14.4s, v2.4s, v0.s[2]\n\t" "fmla v15.4s, v3.4s, v0.s[2]\n\t" "fmla v16.4s, v4.4s, v0.s[2]\n\t"
-        "fmla v17.4s, v2.4s, v0.s[3]\n\t" "fmla v18.4s, v3.4s, v0.s[3]\n\t" "fmla v19.4s, v4.4s, v0.s[3]\n\t"
-        "fmla v20.4s, v2.4s, v1.s[0]\n\t" "fmla v21.4s, v3.4s, v1.s[0]\n\t" "fmla v22.4s, v4.4s, v1.s[0]\n\t"
-        "fmla v23.4s, v2.4s, v1.s[1]\n\t" "fmla v24.4s, v3.4s, v1.s[1]\n\t" "fmla v25.4s, v4.4s, v1.s[1]\n\t"
-        "fmla v26.4s, v2.4s, v1.s[2]\n\t" "fmla v27.4s, v3.4s, v1.s[2]\n\t" "fmla v28.4s, v4.4s, v1.s[2]\n\t"
-        "fmla v29.4s, v2.4s, v1.s[3]\n\t" "fmla v30.4s, v3.4s, v1.s[3]\n\t" "fmla v31.4s, v4.4s, v1.s[3]\n\t"
-        /* step 1: A in v0 v1, B in v5 v2 v3 */
-        "ldp q0, q1, [%[pa]], #32\n\t" "ldp q2, q3, [%[pb]], #32\n\t"
-        "fmla v8.4s, v5.4s, v0.s[0]\n\t" "fmla v9.4s, v2.4s, v0.s[0]\n\t" "fmla v10.4s, v3.4s, v0.s[0]\n\t"
-        "fmla v11.4s, v5.4s, v0.s[1]\n\t" "fmla v12.4s, v2.4s, v0.s[1]\n\t" "fmla v13.4s, v3.4s, v0.s[1]\n\t"
-        "fmla v14.4s, v5.4s, v0.s[2]\n\t" "fmla v15.4s, v2.4s, v0.s[2]\n\t" "fmla v16.4s, v3.4s, v0.s[2]\n\t"
-        "fmla v17.4s, v5.4s, v0.s[3]\n\t" "fmla v18.4s, v2.4s, v0.s[3]\n\t" "fmla v19.4s, v3.4s, v0.s[3]\n\t"
-        "fmla v20.4s, v5.4s, v1.s[0]\n\t" "fmla v21.4s, v2.4s, v1.s[0]\n\t" "fmla v22.4s, v3.4s, v1.s[0]\n\t"
-        "fmla v23.4s, v5.4s, v1.s[1]\n\t" "fmla v24.4s, v2.4s, v1.s[1]\n\t" "fmla v25.4s, v3.4s, v1.s[1]\n\t"
-        "fmla v26.4s, v5.4s, v1.s[2]\n\t" "fmla v27.4s, v2.4s, v1.s[2]\n\t" "fmla v28.4s, v3.4s, v1.s[2]\n\t"
-        "fmla v29.4s, v5.4s, v1.s[3]\n\t" "fmla v30.4s, v2.4s, v1.s[3]\n\t" "fmla v31.4s, v3.4s, v1.s[3]\n\t"
-        "cmp %[pa], %[pa_end]\n\t"
-        "b.ne 1b\n"
-        "2:\n\t"
-        "tbz %[kc], #0, 3f\n\t"
-        "ldp q0, q1, [%[pa]]\n\t" "ldp q2, q3, [%[pb]]\n\t" "ldr q4, [%[pb], #32]\n\t"
-        "fmla v8.4s, v2.4s, v0.s[0]\n\t" "fmla v9.4s, v3.4s, v0.s[0]\n\t" "fmla v10.4s, v4.4s, v0.s[0]\n\t"
-        "fmla v11.4s, v2.4s, v0.s[1]\n\t" "fmla v12.4s, v3.4s, v0.s[1]\n\t" "fmla v13.4s, v4.4s, v0.s[1]\n\t"
-        "fmla v14.4s, v2.4s, v0.s[2]\n\t" "fmla v15.4s, v3.4s, v0.s[2]\n\t" "fmla v16.4s, v4.4s, v0.s[2]\n\t"
-        "fmla v17.4s, v2.4s, v0.s[3]\n\t" "fmla v18.4s, v3.4s, v0.s[3]\n\t" "fmla v19.4s, v4.4s, v0.s[3]\n\t"
-        "fmla v20.4s, v2.4s, v1.s[0]\n\t" "fmla v21.4s, v3.4s, v1.s[0]\n\t" "fmla v22.4s, v4.4s, v1.s[0]\n\t"
-        "fmla v23.4s, v2.4s, v1.s[1]\n\t" "fmla v24.4s, v3.4s, v1.s[1]\n\t" "fmla v25.4s, v4.4s, v1.s[1]\n\t"
-        "fmla v26.4s, v2.4s, v1.s[2]\n\t" "fmla v27.4s, v3.4s, v1.s[2]\n\t" "fmla v28.4s, v4.4s, v1.s[2]\n\t"
-        "fmla v29.4s, v2.4s, v1.s[3]\n\t" "fmla v30.4s, v3.4s, v1.s[3]\n\t" "fmla v31.4s, v4.4s, v1.s[3]\n\t"
-        "3:\n\t"
+        CYATTN_T8X12_KLOOP_ASM
         "st1 {v8.4s, v9.4s, v10.4s, v11.4s}, [%[acc]], #64\n\t"
         "st1 {v12.4s, v13.4s, v14.4s, v15.4s}, [%[acc]], #64\n\t"
         "st1 {v16.4s, v17.4s, v18.4s, v19.4s}, [%[acc]], #64\n\t"
@@ -204,9 +211,58 @@ static inline void cyattn_tile8x12_f32(ptrdiff_t kc, const float* pa, const floa
         "st1 {v28.4s, v29.4s, v30.4s, v31.4s}, [%[acc]], #64\n\t"
         : [pa] "+r"(pa), [pb] "+r"(pb), [acc] "+r"(acc)
         : [pa_end] "r"(pa_end), [kc] "r"(kc)
-        : "v0", "v1", "v2", "v3", "v4", "v5", "v8", "v9", "v10", "v11", "v12", "v13", "v14", "v15", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29", "v30", "v31", "memory", "cc");
+        : CYATTN_T8X12_CLOBBERS);
 }
+/* A whole 8 x 12 tile of a row-major C (unit column stride): the k loop above, then C's rows
+   written from the registers, row i = alpha * acc row i (overwrite) or fma(acc row i, alpha,
+   C row i) (FMUL / FMLA by element: the operations of cyattn_tile_out_f32, so the same bits),
+   instead of the accumulators' trip through memory (6 stores, 24 loads a tile). */
+#define CYATTN_T8X12_OUT_ROW(a, b, c)                                                   \
+    "ld1 {v0.4s, v1.4s, v2.4s}, [%[c]]\n\t"                                            \
+    "fmla v0.4s, v" #a ".4s, %[va].s[0]\n\t" "fmla v1.4s, v" #b ".4s, %[va].s[0]\n\t"  \
+    "fmla v2.4s, v" #c ".4s, %[va].s[0]\n\t"                                           \
+    "st1 {v0.4s, v1.4s, v2.4s}, [%[c]], %[rsb]\n\t"
+#define CYATTN_T8X12_SET_ROW(a, b, c)                                                   \
+    "fmul v" #a ".4s, v" #a ".4s, %[va].s[0]\n\t" "fmul v" #b ".4s, v" #b ".4s, %[va].s[0]\n\t" \
+    "fmul v" #c ".4s, v" #c ".4s, %[va].s[0]\n\t"                                      \
+    "st1 {v" #a ".4s, v" #b ".4s, v" #c ".4s}, [%[c]], %[rsb]\n\t"
+#define CYATTN_TILE8X12_OUT 1
+static inline void cyattn_tile8x12_out_f32(ptrdiff_t kc, const float* pa, const float* pb,
+                                           float* c, ptrdiff_t rsc, float alpha, int overwrite) {
+    const float* pa_end = pa + (kc - kc % 2) * 8;
+    ptrdiff_t rsb = rsc * (ptrdiff_t)sizeof(float);
+    float32x4_t va = vdupq_n_f32(alpha);
+    if (overwrite)
+        __asm__ volatile(
+            CYATTN_T8X12_KLOOP_ASM
+            CYATTN_T8X12_SET_ROW(8, 9, 10) CYATTN_T8X12_SET_ROW(11, 12, 13)
+            CYATTN_T8X12_SET_ROW(14, 15, 16) CYATTN_T8X12_SET_ROW(17, 18, 19)
+            CYATTN_T8X12_SET_ROW(20, 21, 22) CYATTN_T8X12_SET_ROW(23, 24, 25)
+            CYATTN_T8X12_SET_ROW(26, 27, 28) CYATTN_T8X12_SET_ROW(29, 30, 31)
+            : [pa] "+r"(pa), [pb] "+r"(pb), [c] "+r"(c)
+            : [pa_end] "r"(pa_end), [kc] "r"(kc), [rsb] "r"(rsb), [va] "w"(va)
+            : CYATTN_T8X12_CLOBBERS);
+    else
+        __asm__ volatile(
+            CYATTN_T8X12_KLOOP_ASM
+            CYATTN_T8X12_OUT_ROW(8, 9, 10) CYATTN_T8X12_OUT_ROW(11, 12, 13)
+            CYATTN_T8X12_OUT_ROW(14, 15, 16) CYATTN_T8X12_OUT_ROW(17, 18, 19)
+            CYATTN_T8X12_OUT_ROW(20, 21, 22) CYATTN_T8X12_OUT_ROW(23, 24, 25)
+            CYATTN_T8X12_OUT_ROW(26, 27, 28) CYATTN_T8X12_OUT_ROW(29, 30, 31)
+            : [pa] "+r"(pa), [pb] "+r"(pb), [c] "+r"(c)
+            : [pa_end] "r"(pa_end), [kc] "r"(kc), [rsb] "r"(rsb), [va] "w"(va)
+            : CYATTN_T8X12_CLOBBERS);
+}
+#undef CYATTN_T8X12_OUT_ROW
+#undef CYATTN_T8X12_SET_ROW
+#undef CYATTN_T8X12_KLOOP_ASM
+#undef CYATTN_T8X12_CLOBBERS
 #else
+#define CYATTN_TILE8X12_OUT 0   /* no inline assembly: micro_kernel_f32 writes C from acc */
+static inline void cyattn_tile8x12_out_f32(ptrdiff_t kc, const float* pa, const float* pb,
+                                           float* c, ptrdiff_t rsc, float alpha, int overwrite) {
+    (void)kc; (void)pa; (void)pb; (void)c; (void)rsc; (void)alpha; (void)overwrite;
+}
 static inline void cyattn_tile8x12_f32(ptrdiff_t kc, const float* pa, const float* pb,
                                        float* acc) {
     float32x4_t z = vdupq_n_f32(0.0f);
@@ -296,6 +352,11 @@ static inline void cyattn_col_maxmin_f32(const float* panel, ptrdiff_t kb, ptrdi
 static inline void cyattn_tile8x12_f32(ptrdiff_t kc, const float* pa, const float* pb,
                                        float* acc) {
     (void)kc; (void)pa; (void)pb; (void)acc;
+}
+#define CYATTN_TILE8X12_OUT 0
+static inline void cyattn_tile8x12_out_f32(ptrdiff_t kc, const float* pa, const float* pb,
+                                           float* c, ptrdiff_t rsc, float alpha, int overwrite) {
+    (void)kc; (void)pa; (void)pb; (void)c; (void)rsc; (void)alpha; (void)overwrite;
 }
 #define CYATTN_NEON_COLMAX 0    /* other variants: panel_online_softmax keeps its loops */
 static inline void cyattn_col_maxmin_f32(const float* panel, ptrdiff_t kb, ptrdiff_t nr,
