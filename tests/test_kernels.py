@@ -865,8 +865,9 @@ def test_softmax_streamed_rows_match_the_pipelined_rows_bits(variant, n_threads,
         np.testing.assert_array_equal(inplace.view(np.uint32), ref.view(np.uint32))
     if kern.softmax_stream_min_bytes() > 1 << 30:       # the variant never streams by rule
         return
-    rows = kern.softmax_stream_min_bytes() // (4 * 256) + 1     # past the host's threshold
-    x = rng.standard_normal((rows, 256)).astype(np.float32)
+    n = max(256, kern.softmax_stream_min_row())                 # rows the rule streams
+    rows = kern.softmax_stream_min_bytes() // (4 * n) + 1       # past the host's threshold
+    x = rng.standard_normal((rows, n)).astype(np.float32)
     ref = np.empty_like(x)
     kern.softmax_rows(x, ref, None, None, 0, 0, 0, 0, log, n_threads, 1 << 62)
     np.testing.assert_array_equal(_sm(log)(x).view(np.uint32), ref.view(np.uint32))

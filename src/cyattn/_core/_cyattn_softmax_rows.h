@@ -40,14 +40,26 @@
 #endif
 
 /* Whether the host's rule streams softmax outputs past the caches (STREAM_MIN_BYTES in
-   _softmax_rows.pxi): with 512-bit vectors only. On Zen 5 as an AVX2 CPU the streamed rows
-   (256-bit exp, not pipelined) ran rows of 2048 at 0.9x the pipelined ordinary rows and rows
-   of 512 level, while the 512-bit ones gained 1.06-1.2x; an explicit stream_min still takes
-   the streamed rows in either (the tests do). */
+   _softmax_rows.pxi), and from which row length (CYATTN_ROWS_STREAM_MIN_ROW, floats): with
+   512-bit vectors every row length; with 256-bit ones rows of 1024 floats or more. The
+   256-bit streamed rows (one row at a time, not pipelined) against the pipelined ordinary
+   rows, interleaved, 1 / 2 threads (bench/bench_softmax_stream.py under tools/avx2_host.sh):
+   Zen 5: rows of 2048 at 0.9x, rows of 512 level at 1 thread and 0.9x at 2; Zen 4 (32 MiB
+   L3): rows of 2048 1.3-1.6x (32-128 MiB out), rows of 1024 1.3x, rows of 512 1.05-1.15x
+   (noisy). Short rows stay on the pipelined ordinary rows, where neither host gains much from
+   streaming and Zen 5 loses; the issue-46 hosts whose ordinary rows of 2048 trailed ONNX
+   Runtime (Zen 3, an AVX2 view of a Xeon) were all 256-bit. An explicit stream_min still takes
+   the streamed rows in any variant (the tests do); NEON has no non-temporal store intrinsic
+   and never streams by rule. */
 #if defined(CYATTN_RW) && CYATTN_RW == 16
 #define CYATTN_ROWS_STREAM 1
+#define CYATTN_ROWS_STREAM_MIN_ROW 0
+#elif defined(CYATTN_RW) && CYATTN_RW == 8
+#define CYATTN_ROWS_STREAM 1
+#define CYATTN_ROWS_STREAM_MIN_ROW 1024
 #else
 #define CYATTN_ROWS_STREAM 0
+#define CYATTN_ROWS_STREAM_MIN_ROW 0
 #endif
 
 #if CYATTN_ROWK

@@ -223,8 +223,15 @@ def softmax_rows_half(x, out, int x_fmt, int out_fmt, bmask, amask, int a_fmt,
 def softmax_stream_min_bytes():
     """Bytes from which an unmasked float32 softmax / log-softmax writes its output by
     non-temporal stores on this host (the rule of STREAM_MIN_BYTES: half the last-level
-    cache in the variants with 512-bit vectors; 1 << 62, never, in the others)."""
+    cache in the variants with 512-bit and 256-bit vectors; 1 << 62, never, in the others),
+    for rows of at least softmax_stream_min_row() floats."""
     return STREAM_MIN_BYTES
+
+
+def softmax_stream_min_row():
+    """Row length (floats) from which the rule of softmax_stream_min_bytes() applies: 0 with
+    512-bit vectors, 1024 with 256-bit ones (shorter rows keep the pipelined ordinary rows)."""
+    return STREAM_MIN_ROW
 
 
 def softmax_rows(x, out, bmask, amask, Py_ssize_t b_rs, Py_ssize_t b_cs,
@@ -235,7 +242,8 @@ def softmax_rows(x, out, bmask, amask, Py_ssize_t b_rs, Py_ssize_t b_cs,
     bmask: None or a uint8 array (True = keep); amask: None or an array of x's dtype; each
     addressed from its first element with element strides (b_rs, b_cs) / (a_rs, a_cs).
     stream_min: the output size in bytes from which unmasked float32 rows are written by
-    non-temporal stores (-1: this host's rule, softmax_stream_min_bytes(); tests pass 0 or a
+    non-temporal stores (-1: this host's rule, softmax_stream_min_bytes() for rows of at least
+    softmax_stream_min_row() floats; tests pass 0 or a
     huge value to take either path; the bits are the same).
     """
     cdef Py_buffer xv, ov, bv, av
@@ -259,7 +267,7 @@ def softmax_rows(x, out, bmask, amask, Py_ssize_t b_rs, Py_ssize_t b_cs,
                     ap = _buf(amask, &av, False)
                 try:
                     if stream_min < 0:
-                        stream_min = STREAM_MIN_BYTES
+                        stream_min = stream_rule(n)
                     with nogil:
                         if dbl:
                             softmax_row_tasks(<const double*>xp, <double*>op, rows, n,
@@ -319,7 +327,7 @@ def softmax_fast(x, out, bint log_out, int n_threads, empty, Py_ssize_t stream_m
             if n_threads > work:
                 n_threads = <int>(work if work > 0 else 1)
             if stream_min < 0:
-                stream_min = STREAM_MIN_BYTES
+                stream_min = stream_rule(n)
             with nogil:
                 if code == 8:
                     softmax_row_tasks(<const double*>xv.buf, <double*>ov.buf, rows, n,

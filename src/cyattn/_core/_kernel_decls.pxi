@@ -35,6 +35,7 @@ cdef extern from "_cyattn_support.h" nogil:
                          Py_ssize_t vs, Py_ssize_t nv, Py_ssize_t pf_bytes)
     int CYATTN_ROWK
     int CYATTN_ROWS_STREAM
+    int CYATTN_ROWS_STREAM_MIN_ROW
     void cyattn_rows_max_min_f32(const float* x, Py_ssize_t n, float* pmax, float* pmin)
     void cyattn_rows_exp_sum_f32(const float* x, float* y, Py_ssize_t n, float shift, float* part)
     void cyattn_rows_scale_f32(float* y, Py_ssize_t n, float factor)

@@ -445,12 +445,20 @@ cdef void softmax_pair_to(const floating* x0, floating* y0, const floating* x1, 
 # (nor the input's lines it would evict). Zen 5, 32 MiB L3, 1 thread, 512-float rows, ordinary
 # pipelined rows against the streamed ones: 8 MiB out 0.29 / 0.35 ms (streaming loses, also
 # with a copy of the output after the call), 16 MiB 0.93 / 0.88, 24 MiB 1.46 / 1.37, 32 MiB
-# 6.1 / 1.8 (bench/results/softmax_stream.md). Only in the variants with 512-bit vectors
-# (CYATTN_ROWS_STREAM; elsewhere never, see _cyattn_softmax_rows.h). Read once, at import (a
-# constant of the host, never written again).
+# 6.1 / 1.8 (bench/results/softmax_stream.md). In the variants with 512-bit vectors, and in
+# those with 256-bit ones for rows of at least STREAM_MIN_ROW floats (CYATTN_ROWS_STREAM and
+# CYATTN_ROWS_STREAM_MIN_ROW; _cyattn_softmax_rows.h gives the measurements); never elsewhere.
+# Read once, at import (constants of the host, never written again).
 cdef Py_ssize_t STREAM_MIN_BYTES = (
     (<Py_ssize_t>(cyattn_llc_bytes() // 2) or (16 << 20)) if CYATTN_ROWS_STREAM
     else (<Py_ssize_t>1) << 62)
+cdef Py_ssize_t STREAM_MIN_ROW = CYATTN_ROWS_STREAM_MIN_ROW
+
+
+cdef inline Py_ssize_t stream_rule(Py_ssize_t n) noexcept nogil:
+    """The host's stream_min (bytes) for rows of n floats: STREAM_MIN_BYTES, or never (1 << 62)
+    for rows shorter than STREAM_MIN_ROW."""
+    return STREAM_MIN_BYTES if n >= STREAM_MIN_ROW else (<Py_ssize_t>1) << 62
 
 
 cdef void softmax_row_run(const float* x, float* y, Py_ssize_t r0, Py_ssize_t r1,

@@ -51,7 +51,7 @@ CYATTN_INLINE float32x4_t cyattn_vload(const void* v, ptrdiff_t i, int fmt) {
 #define cyattn_rstore vst1q_f32
 /* the streamed rows' store (cyattn_rowk_out_nt): ACLE has no non-temporal store intrinsic (STNP
    needs inline assembly, and no aarch64 host is at hand to measure it), so an ordinary store:
-   the same bits; the rule never streams here anyway (CYATTN_ROWS_STREAM is 0 below 512 bits),
+   the same bits; the rule never streams here anyway (CYATTN_ROWS_STREAM is 0 for NEON),
    only an explicit stream_min takes that path, as the tests do */
 #define cyattn_rstream vst1q_f32
 #define cyattn_rset1 vdupq_n_f32
