@@ -226,6 +226,15 @@ static inline void cyattn_tile8x12_f32(ptrdiff_t kc, const float* pa, const floa
     "fmul v" #a ".4s, v" #a ".4s, %[va].s[0]\n\t" "fmul v" #b ".4s, v" #b ".4s, %[va].s[0]\n\t" \
     "fmul v" #c ".4s, v" #c ".4s, %[va].s[0]\n\t"                                      \
     "st1 {v" #a ".4s, v" #b ".4s, v" #c ".4s}, [%[c]], %[rsb]\n\t"
+/* the k loop, then ROW (one of the two above) for each of the 8 rows of accumulators */
+#define CYATTN_T8X12_OUT_ASM(ROW)                                                       \
+    __asm__ volatile(                                                                   \
+        CYATTN_T8X12_KLOOP_ASM                                                          \
+        ROW(8, 9, 10) ROW(11, 12, 13) ROW(14, 15, 16) ROW(17, 18, 19)                   \
+        ROW(20, 21, 22) ROW(23, 24, 25) ROW(26, 27, 28) ROW(29, 30, 31)                 \
+        : [pa] "+r"(pa), [pb] "+r"(pb), [c] "+r"(c)                                     \
+        : [pa_end] "r"(pa_end), [kc] "r"(kc), [rsb] "r"(rsb), [va] "w"(va)              \
+        : CYATTN_T8X12_CLOBBERS)
 #define CYATTN_TILE8X12_OUT 1
 static inline void cyattn_tile8x12_out_f32(ptrdiff_t kc, const float* pa, const float* pb,
                                            float* c, ptrdiff_t rsc, float alpha, int overwrite) {
@@ -233,26 +242,11 @@ static inline void cyattn_tile8x12_out_f32(ptrdiff_t kc, const float* pa, const 
     ptrdiff_t rsb = rsc * (ptrdiff_t)sizeof(float);
     float32x4_t va = vdupq_n_f32(alpha);
     if (overwrite)
-        __asm__ volatile(
-            CYATTN_T8X12_KLOOP_ASM
-            CYATTN_T8X12_SET_ROW(8, 9, 10) CYATTN_T8X12_SET_ROW(11, 12, 13)
-            CYATTN_T8X12_SET_ROW(14, 15, 16) CYATTN_T8X12_SET_ROW(17, 18, 19)
-            CYATTN_T8X12_SET_ROW(20, 21, 22) CYATTN_T8X12_SET_ROW(23, 24, 25)
-            CYATTN_T8X12_SET_ROW(26, 27, 28) CYATTN_T8X12_SET_ROW(29, 30, 31)
-            : [pa] "+r"(pa), [pb] "+r"(pb), [c] "+r"(c)
-            : [pa_end] "r"(pa_end), [kc] "r"(kc), [rsb] "r"(rsb), [va] "w"(va)
-            : CYATTN_T8X12_CLOBBERS);
+        CYATTN_T8X12_OUT_ASM(CYATTN_T8X12_SET_ROW);
     else
-        __asm__ volatile(
-            CYATTN_T8X12_KLOOP_ASM
-            CYATTN_T8X12_OUT_ROW(8, 9, 10) CYATTN_T8X12_OUT_ROW(11, 12, 13)
-            CYATTN_T8X12_OUT_ROW(14, 15, 16) CYATTN_T8X12_OUT_ROW(17, 18, 19)
-            CYATTN_T8X12_OUT_ROW(20, 21, 22) CYATTN_T8X12_OUT_ROW(23, 24, 25)
-            CYATTN_T8X12_OUT_ROW(26, 27, 28) CYATTN_T8X12_OUT_ROW(29, 30, 31)
-            : [pa] "+r"(pa), [pb] "+r"(pb), [c] "+r"(c)
-            : [pa_end] "r"(pa_end), [kc] "r"(kc), [rsb] "r"(rsb), [va] "w"(va)
-            : CYATTN_T8X12_CLOBBERS);
+        CYATTN_T8X12_OUT_ASM(CYATTN_T8X12_OUT_ROW);
 }
+#undef CYATTN_T8X12_OUT_ASM
 #undef CYATTN_T8X12_OUT_ROW
 #undef CYATTN_T8X12_SET_ROW
 #undef CYATTN_T8X12_KLOOP_ASM
