@@ -151,6 +151,17 @@ static inline float cyattn_rmax32(const CYATTN_RV* v, int want_max) {
    steps of a pass share five LDP (20 + 20 floats), so a pass is 5 LDP + 48 FMLA + compare and
    branch = 55 instructions, 27.5 a step. The same FMLA by element, accumulator by
    accumulator, in the same k order from zero as the intrinsics: the same bits. */
+/* one k step: accumulator v(8 + 3 i + j) += B's vector j (registers b0 b1 b2) times lane i % 4
+   of A's vector i / 4 (v0, v1), rows i = 0 .. 7 */
+#define CYATTN_T8X12_FMLA3(c0, c1, c2, a, l, b0, b1, b2)                                  \
+    "fmla v" #c0 ".4s, v" #b0 ".4s, v" #a ".s[" #l "]\n\t"                               \
+    "fmla v" #c1 ".4s, v" #b1 ".4s, v" #a ".s[" #l "]\n\t"                               \
+    "fmla v" #c2 ".4s, v" #b2 ".4s, v" #a ".s[" #l "]\n\t"
+#define CYATTN_T8X12_FMLA24(b0, b1, b2)                                                   \
+    CYATTN_T8X12_FMLA3(8, 9, 10, 0, 0, b0, b1, b2) CYATTN_T8X12_FMLA3(11, 12, 13, 0, 1, b0, b1, b2) \
+    CYATTN_T8X12_FMLA3(14, 15, 16, 0, 2, b0, b1, b2) CYATTN_T8X12_FMLA3(17, 18, 19, 0, 3, b0, b1, b2) \
+    CYATTN_T8X12_FMLA3(20, 21, 22, 1, 0, b0, b1, b2) CYATTN_T8X12_FMLA3(23, 24, 25, 1, 1, b0, b1, b2) \
+    CYATTN_T8X12_FMLA3(26, 27, 28, 1, 2, b0, b1, b2) CYATTN_T8X12_FMLA3(29, 30, 31, 1, 3, b0, b1, b2)
 /* the k loop: accumulators zeroed, then kc steps (two a pass, the odd one after); operands
    pa, pb (advanced), pa_end = pa + 8 (kc - kc % 2), kc */
 #define CYATTN_T8X12_KLOOP_ASM \
@@ -163,37 +174,16 @@ static inline float cyattn_rmax32(const CYATTN_RV* v, int want_max) {
         "1:\n\t" \
         /* step 0 of the pass: A in v0 v1, B in v2 v3 v4 (v5: step 1's first B vector) */ \
         "ldp q0, q1, [%[pa]], #32\n\t" "ldp q2, q3, [%[pb]], #32\n\t" "ldp q4, q5, [%[pb]], #32\n\t" \
-        "fmla v8.4s, v2.4s, v0.s[0]\n\t" "fmla v9.4s, v3.4s, v0.s[0]\n\t" "fmla v10.4s, v4.4s, v0.s[0]\n\t" \
-        "fmla v11.4s, v2.4s, v0.s[1]\n\t" "fmla v12.4s, v3.4s, v0.s[1]\n\t" "fmla v13.4s, v4.4s, v0.s[1]\n\t" \
-        "fmla v14.4s, v2.4s, v0.s[2]\n\t" "fmla v15.4s, v3.4s, v0.s[2]\n\t" "fmla v16.4s, v4.4s, v0.s[2]\n\t" \
-        "fmla v17.4s, v2.4s, v0.s[3]\n\t" "fmla v18.4s, v3.4s, v0.s[3]\n\t" "fmla v19.4s, v4.4s, v0.s[3]\n\t" \
-        "fmla v20.4s, v2.4s, v1.s[0]\n\t" "fmla v21.4s, v3.4s, v1.s[0]\n\t" "fmla v22.4s, v4.4s, v1.s[0]\n\t" \
-        "fmla v23.4s, v2.4s, v1.s[1]\n\t" "fmla v24.4s, v3.4s, v1.s[1]\n\t" "fmla v25.4s, v4.4s, v1.s[1]\n\t" \
-        "fmla v26.4s, v2.4s, v1.s[2]\n\t" "fmla v27.4s, v3.4s, v1.s[2]\n\t" "fmla v28.4s, v4.4s, v1.s[2]\n\t" \
-        "fmla v29.4s, v2.4s, v1.s[3]\n\t" "fmla v30.4s, v3.4s, v1.s[3]\n\t" "fmla v31.4s, v4.4s, v1.s[3]\n\t" \
+        CYATTN_T8X12_FMLA24(2, 3, 4) \
         /* step 1: A in v0 v1, B in v5 v2 v3 */ \
         "ldp q0, q1, [%[pa]], #32\n\t" "ldp q2, q3, [%[pb]], #32\n\t" \
-        "fmla v8.4s, v5.4s, v0.s[0]\n\t" "fmla v9.4s, v2.4s, v0.s[0]\n\t" "fmla v10.4s, v3.4s, v0.s[0]\n\t" \
-        "fmla v11.4s, v5.4s, v0.s[1]\n\t" "fmla v12.4s, v2.4s, v0.s[1]\n\t" "fmla v13.4s, v3.4s, v0.s[1]\n\t" \
-        "fmla v14.4s, v5.4s, v0.s[2]\n\t" "fmla v15.4s, v2.4s, v0.s[2]\n\t" "fmla v16.4s, v3.4s, v0.s[2]\n\t" \
-        "fmla v17.4s, v5.4s, v0.s[3]\n\t" "fmla v18.4s, v2.4s, v0.s[3]\n\t" "fmla v19.4s, v3.4s, v0.s[3]\n\t" \
-        "fmla v20.4s, v5.4s, v1.s[0]\n\t" "fmla v21.4s, v2.4s, v1.s[0]\n\t" "fmla v22.4s, v3.4s, v1.s[0]\n\t" \
-        "fmla v23.4s, v5.4s, v1.s[1]\n\t" "fmla v24.4s, v2.4s, v1.s[1]\n\t" "fmla v25.4s, v3.4s, v1.s[1]\n\t" \
-        "fmla v26.4s, v5.4s, v1.s[2]\n\t" "fmla v27.4s, v2.4s, v1.s[2]\n\t" "fmla v28.4s, v3.4s, v1.s[2]\n\t" \
-        "fmla v29.4s, v5.4s, v1.s[3]\n\t" "fmla v30.4s, v2.4s, v1.s[3]\n\t" "fmla v31.4s, v3.4s, v1.s[3]\n\t" \
+        CYATTN_T8X12_FMLA24(5, 2, 3) \
         "cmp %[pa], %[pa_end]\n\t" \
         "b.ne 1b\n" \
         "2:\n\t" \
         "tbz %[kc], #0, 3f\n\t" \
         "ldp q0, q1, [%[pa]]\n\t" "ldp q2, q3, [%[pb]]\n\t" "ldr q4, [%[pb], #32]\n\t" \
-        "fmla v8.4s, v2.4s, v0.s[0]\n\t" "fmla v9.4s, v3.4s, v0.s[0]\n\t" "fmla v10.4s, v4.4s, v0.s[0]\n\t" \
-        "fmla v11.4s, v2.4s, v0.s[1]\n\t" "fmla v12.4s, v3.4s, v0.s[1]\n\t" "fmla v13.4s, v4.4s, v0.s[1]\n\t" \
-        "fmla v14.4s, v2.4s, v0.s[2]\n\t" "fmla v15.4s, v3.4s, v0.s[2]\n\t" "fmla v16.4s, v4.4s, v0.s[2]\n\t" \
-        "fmla v17.4s, v2.4s, v0.s[3]\n\t" "fmla v18.4s, v3.4s, v0.s[3]\n\t" "fmla v19.4s, v4.4s, v0.s[3]\n\t" \
-        "fmla v20.4s, v2.4s, v1.s[0]\n\t" "fmla v21.4s, v3.4s, v1.s[0]\n\t" "fmla v22.4s, v4.4s, v1.s[0]\n\t" \
-        "fmla v23.4s, v2.4s, v1.s[1]\n\t" "fmla v24.4s, v3.4s, v1.s[1]\n\t" "fmla v25.4s, v4.4s, v1.s[1]\n\t" \
-        "fmla v26.4s, v2.4s, v1.s[2]\n\t" "fmla v27.4s, v3.4s, v1.s[2]\n\t" "fmla v28.4s, v4.4s, v1.s[2]\n\t" \
-        "fmla v29.4s, v2.4s, v1.s[3]\n\t" "fmla v30.4s, v3.4s, v1.s[3]\n\t" "fmla v31.4s, v4.4s, v1.s[3]\n\t" \
+        CYATTN_T8X12_FMLA24(2, 3, 4) \
         "3:\n\t"
 #define CYATTN_T8X12_CLOBBERS "v0", "v1", "v2", "v3", "v4", "v5", "v8", "v9", "v10", "v11", "v12", \
     "v13", "v14", "v15", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25", \
@@ -250,6 +240,8 @@ static inline void cyattn_tile8x12_out_f32(ptrdiff_t kc, const float* pa, const 
 #undef CYATTN_T8X12_OUT_ROW
 #undef CYATTN_T8X12_SET_ROW
 #undef CYATTN_T8X12_KLOOP_ASM
+#undef CYATTN_T8X12_FMLA24
+#undef CYATTN_T8X12_FMLA3
 #undef CYATTN_T8X12_CLOBBERS
 #else
 #define CYATTN_TILE8X12_OUT 0   /* no inline assembly: micro_kernel_f32 writes C from acc */
