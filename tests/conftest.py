@@ -648,6 +648,16 @@ def run_forked(target, args, timeout=60):
                 proc.join(5)
 
 
+def timeout_scale():
+    """Factor for the hang guards (subprocess timeouts) of the tests that run a whole command:
+    CYATTN_TEST_TIMEOUT_SCALE, default 1. tools/qemu_baseline_check.sh sets 4: under its
+    emulated CPU `bench --full --cases tiny` took 268 s of its 300 s guard (one thread, the
+    other core busy), where natively it takes a few seconds. A guard against hangs, scaled
+    to the emulator's speed; no test asserts a time."""
+    value = float(os.environ.get("CYATTN_TEST_TIMEOUT_SCALE", "1"))
+    return value if value >= 1 else 1.0
+
+
 def child_env(backend=None, clear_backend=False, **extra):
     """Environment for a child interpreter that imports the same cyattn as this process.
 

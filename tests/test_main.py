@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import child_env
+from conftest import child_env, timeout_scale
 
 import cyattn
 from cyattn import __main__ as cli
@@ -21,7 +21,7 @@ from cyattn import _bench, _selfcheck
 
 def run_cli(tmp_path, *args, timeout=120):
     proc = subprocess.run([sys.executable, "-m", "cyattn", *args], cwd=tmp_path, env=child_env(),
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout * timeout_scale())
     return proc
 
 
@@ -446,7 +446,7 @@ def test_bench_full_reexecs_without_openblas_overrides(tmp_path):
     env["OPENBLAS_L2_SIZE"] = "262144"
     proc = subprocess.run([sys.executable, "-m", "cyattn", *_TINY_FULL, "--no-torch",
                            "--no-memory", "--outdir", str(tmp_path)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300 * timeout_scale())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OPENBLAS_L2_SIZE=262144 is set" in proc.stdout
     assert "Re-run in a child process without" in (tmp_path / "latest.md").read_text("utf-8")

@@ -152,10 +152,11 @@ exec qemu-x86_64 -cpu $cpu "$vpy" "\$@"
 EOF
 chmod +x "$work/shim/python-$cpu"
 : > "$work/avx2-imports.log"
-# Emulated runs: no BLAS core-type override (the emulated CPU is the one to detect), the guard.
+# Emulated runs: no BLAS core-type override (the emulated CPU is the one to detect), the guard,
+# and the tests' subprocess hang guards scaled to the emulator (tests/conftest.py timeout_scale).
 emu_env=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE -u CYATTN_BACKEND
          PYTHONPATH="$work/shim" CYATTN_QEMU_PYTHON="$work/shim/python-$cpu"
-         CYATTN_QEMU_IMPORT_LOG="$work/avx2-imports.log")
+         CYATTN_QEMU_IMPORT_LOG="$work/avx2-imports.log" CYATTN_TEST_TIMEOUT_SCALE=4)
 emu() { "${emu_env[@]}" "${qemu[@]}" "$vpy" "$@"; }
 cd "$work/run"
 
