@@ -62,17 +62,21 @@ def functions(text, needle):
     return out
 
 
+def branch_target(op, args, conditional_only=True):
+    """The target address of a (conditional, unless not ``conditional_only``) branch, or None."""
+    if not (op.startswith("b.") or op in ("cbnz", "cbz", "tbnz", "tbz")
+            or (op == "b" and not conditional_only)):
+        return None
+    m = BRANCH.search(args.split(",")[-1].strip())
+    return int(m.group(1), 16) if m else None
+
+
 def loops(insns):
     """Bodies (lists of (addr, op, args)) of loops closed by a backward conditional branch."""
     found = []
     for idx, (addr, op, args) in enumerate(insns):
-        if not (op.startswith("b.") or op in ("cbnz", "cbz", "tbnz", "tbz")):
-            continue
-        m = BRANCH.search(args.split(",")[-1].strip())
-        if not m:
-            continue
-        target = int(m.group(1), 16)
-        if target <= addr:
+        target = branch_target(op, args)
+        if target is not None and target <= addr:
             found.append([i for i in insns[:idx + 1] if i[0] >= target])
     return found
 
@@ -140,10 +144,9 @@ def innermost(body):
     own closing one lands inside it (an outer loop around one inlined tile also has 48 FMLA)."""
     start = body[0][0]
     for addr, op, args in body[:-1]:
-        if op.startswith("b.") or op in ("b", "cbnz", "cbz", "tbnz", "tbz"):
-            m = BRANCH.search(args.split(",")[-1].strip())
-            if m and start <= int(m.group(1), 16) <= addr:
-                return False
+        target = branch_target(op, args, conditional_only=False)
+        if target is not None and start <= target <= addr:
+            return False
     return True
 
 
