@@ -64,8 +64,33 @@ def _env_flag(name):
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _usable_cpus():
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 class BuildExt(build_ext):
-    """Adds optimisation, ISA and OpenMP flags that depend on the compiler in use."""
+    """Adds optimisation, ISA and OpenMP flags that depend on the compiler in use.
+
+    The kernel modules compile in parallel, one compiler per module up to the usable CPUs
+    (pip passes no ``--parallel``; each module is one large C file, so a serial build leaves all
+    but one core idle): ``CYATTN_BUILD_JOBS=N`` sets N, and ``build_ext --parallel`` or a
+    ``[build_ext] parallel`` setting takes precedence over both.
+    """
+
+    def finalize_options(self):
+        super().finalize_options()
+        if self.parallel is None:
+            jobs = os.environ.get("CYATTN_BUILD_JOBS", "").strip()
+            if jobs:
+                if not jobs.isdigit() or int(jobs) < 1:
+                    raise RuntimeError(f"CYATTN_BUILD_JOBS={jobs!r}: expected a positive "
+                                       f"integer (the number of modules compiled at once)")
+                self.parallel = int(jobs)
+            else:
+                self.parallel = max(1, min(_usable_cpus(), len(self.extensions or ())))
 
     def _compiles_and_links(self, cflags, ldflags):
         code = ("#include <omp.h>\nint main(void){int n=0;\n#pragma omp parallel\n"
