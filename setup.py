@@ -195,6 +195,17 @@ def _extensions():
         # opt-in at run time (CYATTN_BACKEND=neon / neonbf16, cyattn._backend.OPT_IN): tested
         # under qemu, not yet on aarch64 hardware
         variants += ["neon", "neonbf16"]
+    # CYATTN_BUILD_VARIANTS (developers' knob; wheels build them all): a comma-separated subset
+    # of the variants above to compile, e.g. tools/sanitize_check.sh --quick's instrumented build
+    # of only the variants this CPU runs. The baseline is always built (the dispatcher's fallback).
+    wanted = [v.strip() for v in os.environ.get("CYATTN_BUILD_VARIANTS", "").split(",")
+              if v.strip()]
+    if wanted:
+        unknown = sorted(set(wanted) - set(variants))
+        if unknown:
+            raise RuntimeError(f"CYATTN_BUILD_VARIANTS={os.environ['CYATTN_BUILD_VARIANTS']!r}: "
+                               f"{unknown} not among this target's variants {variants}")
+        variants = [v for v in variants if v == "baseline" or v in wanted]
     # macros of one variant: CYATTN_ISA_NEON turns on the NEON vocabulary (the baseline module
     # is compiled for the same architecture, so the flags alone cannot tell them apart)
     macros = {"neon": [("CYATTN_ISA_NEON", "1")], "neonbf16": [("CYATTN_ISA_NEON", "1")]}

@@ -36,7 +36,9 @@
 #   DIR (default: a new temporary directory, removed at the end) keeps the venv, build log and
 #   sanitizer logs. --no-torch: do not install torch (its tests then skip themselves).
 #   --quick: only the kernel suites of the paths that change most (quick_suites below; the
-#   short step of .ci/run), implies --no-torch. Issue 49 measured the list before its trim
+#   short step of .ci/run), implies --no-torch, and compiles only the variants this CPU runs
+#   (CYATTN_BUILD_VARIANTS from /proc/cpuinfo's flags: the others' tests skip themselves
+#   anyway, and their instrumented compile was over half of the build). Issue 49 measured the list before its trim
 #   (8 files, 4800 tests) on the shared 2-core machine under load 6-9: build 885 s, tests
 #   1413 s, 12 CPU-minutes in all; the trimmed list is to fit 10 minutes on an idle machine.
 # Environment: PYTHON (default python3) for the venv; CYATTN_SANITIZE (default
@@ -209,7 +211,28 @@ fresh_venv "$out/venv"
 pip_q=(--quiet --disable-pip-version-check --no-cache-dir)
 # setuptools reads extra build_ext options from DIST_EXTRA_CONFIG (here: parallel compiles).
 printf '[build_ext]\nparallel = %s\n' "${CYATTN_BUILD_JOBS:-1}" > "$out/build_ext.cfg"
-pip_install_staged "$out/build.log" CYATTN_SANITIZE="$sanitize" DIST_EXTRA_CONFIG="$out/build_ext.cfg"
+build_env=(CYATTN_SANITIZE="$sanitize" DIST_EXTRA_CONFIG="$out/build_ext.cfg")
+if [ "$quick" = 1 ] && flags=" $(grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null | cut -d: -f2) " &&
+   [ "$flags" != "  " ]; then
+    # the variants this CPU runs (cyattn._backend's _NEEDS, read from the kernel's CPU flags)
+    cpu_has() { local f; for f in "$@"; do [[ $flags == *" $f "* ]] || return 1; done; }
+    runs=()
+    if cpu_has avx avx2 fma f16c; then
+        runs+=(avx2)
+        if cpu_has avx512f avx512vl avx512bw avx512dq; then
+            runs+=(avx512)
+            if cpu_has avx512_bf16; then
+                runs+=(avx512bf16)
+                cpu_has amx_bf16 amx_tile && runs+=(amx)
+            fi
+        fi
+    fi
+    if cpu_has asimd; then runs+=(neon); cpu_has bf16 && runs+=(neonbf16); fi
+    build_variants=$(IFS=,; echo "${runs[*]}")
+    echo "variants built: baseline${build_variants:+,$build_variants} (the ones this CPU runs)"
+    build_env+=(CYATTN_BUILD_VARIANTS="${build_variants:-baseline}")
+fi
+pip_install_staged "$out/build.log" "${build_env[@]}"
 grep -q "cyattn: compiler=.* sanitize=$sanitize\$" "$out/build.log" ||
     fail "setup.py did not report sanitize=$sanitize (log: $out/build.log)"
 "$vpy" -m pip install "${pip_q[@]}" "$ml_dtypes_pin" > "$out/ml_dtypes.log" 2>&1 ||
