@@ -29,6 +29,8 @@ fast-math or Ofast: wheels must run on any CPU of their architecture and keep IE
 OpenMP is used when the compiler supports it (probed by compiling a test program); set
 CYATTN_NO_OPENMP=1 to build without it (the kernels then run single-threaded).
 CYATTN_SANITIZE=address,undefined (gcc/clang) builds with ASan/UBSan for tools/sanitize_check.sh.
+CYATTN_BUILD_JOBS=N: modules compiled at once (default: one per module, up to the usable CPUs);
+CYATTN_BUILD_VARIANTS=a,b: compile only these variants and the baseline (developers' builds).
 """
 import os
 import sys
