@@ -38,9 +38,10 @@
 #   --quick: only the kernel suites of the paths that change most (quick_suites below; the
 #   short step of .ci/run), implies --no-torch, and compiles only the variants this CPU runs
 #   (CYATTN_BUILD_VARIANTS from /proc/cpuinfo's flags: the others' tests skip themselves
-#   anyway, and their instrumented compile was over half of the build). Issue 49 measured the list before its trim
-#   (8 files, 4800 tests) on the shared 2-core machine under load 6-9: build 885 s, tests
-#   1413 s, 12 CPU-minutes in all; the trimmed list is to fit 10 minutes on an idle machine.
+#   anyway; in .ci/run on an AVX2 host, under different loads, baseline + avx2 built in 351 s,
+#   all five in 564 s). Issue 49 measured the list before its trim (8 files, 4800 tests) on
+#   the shared 2-core machine under load 6-9: build 885 s, tests 1413 s, 12 CPU-minutes in all;
+#   the trimmed list is to fit 10 minutes on an idle machine.
 # Environment: PYTHON (default python3) for the venv; CYATTN_SANITIZE (default
 #   address,undefined); CYATTN_SANITIZE_PYTEST: pytest arguments (default: -m "not slow" tests,
 #   less two tests that cannot hold under ASan, see below);
