@@ -874,6 +874,39 @@ def test_softmax_streamed_rows_match_the_pipelined_rows_bits(variant, n_threads,
 
 
 @softmax_fns
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_softmax_nan_payloads_spread(variant, n_threads, log):
+    # A NaN score makes its row NaN, whatever its payload. The unmasked float32 rows let a NaN
+    # through their max / min pass (vmaxps / vminps return the other operand) and count on the
+    # exp to spread it; a trial of the avx2 rows that applied 2**n by an integer add to the
+    # exponent field turned NaNs with payload bits in the low 9 into numbers (the row summed
+    # to a finite total and came out as weights). numpy's own NaN (0x7FC00000) has none of
+    # those bits, so the other tests never saw it. Every path: the pipelined rows, the
+    # streamed rows, one row at a time, the public call; the other rows keep their bits.
+    kern = cyattn._backend.kernels
+    rng = np.random.default_rng(460)
+    payloads = (0x7FC00001, 0x7FC001FF, 0xFFC00003, 0x7F800001, 0x7FFFFFFF, 0xFFBFFFFF)
+    for rows, n in ((5, 32), (5, 100), (6, 512), (4, 2053)):
+        for i, bits in enumerate(payloads):
+            x = (rng.standard_normal((rows, n)) * 4).astype(np.float32)
+            r, j = 1 + i % (rows - 2), (i * 37) % n
+            x.view(np.uint32)[r, j] = bits
+            assert np.isnan(x[r, j])
+            general = _sm(log)(x, mask=np.zeros_like(x))
+            assert np.isnan(general[r]).all()
+            for stream_min in (1 << 62, 0):
+                got = np.empty_like(x)
+                kern.softmax_rows(x, got, None, None, 0, 0, 0, 0, log, n_threads, stream_min)
+                assert np.isnan(got[r]).all(), (hex(bits), n, stream_min)
+                keep = np.arange(rows) != r
+                np.testing.assert_array_equal(got[keep], general[keep])
+            one = np.empty_like(x[r:r + 1])
+            kern.softmax_rows(x[r:r + 1], one, None, None, 0, 0, 0, 0, log, n_threads)
+            assert np.isnan(one).all(), (hex(bits), n)
+            assert np.isnan(_sm(log)(x)[r]).all(), (hex(bits), n)
+
+
+@softmax_fns
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 def test_softmax_out_written_directly(variant, dtype, log, monkeypatch):
     # A C-contiguous out of the compute dtype (float16 is computed in float32, so it is

@@ -107,6 +107,8 @@ CYATTN_INLINE void cyattn_dot_keys(float* scores, ptrdiff_t ss, const float* q, 
 #define cyattn_rzero_unless(kk, v) _mm256_and_ps((kk), (v))
 #define cyattn_rpow2(t) _mm256_castsi256_ps(_mm256_add_epi32( \
     _mm256_slli_epi32(_mm256_castps_si256(t), 23), _mm256_castps_si256(_mm256_set1_ps(1.0f))))
+/* the exp steps of the softmax rows run in lockstep (cyattn_rexp_nonpos_lock) */
+#define CYATTN_RLOCK 1
 
 /* part[0] + ... + part[31] of 32 lane partials held in CYATTN_RN vectors, in lanes_sum's
    order (lane l plus lane l + 16, then + 8, + 4, + 2, then lane 0 plus lane 1) */
