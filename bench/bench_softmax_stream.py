@@ -4,7 +4,13 @@ Interleaved in one process, for rows of 512 and 2048 (16,384 rows each: 32 and 1
 out), 1 and 2 threads: per round and thread count, each implementation in turn takes a pause
 of 0.2 s (a peer's pool threads stop spinning), one untimed call, then ``--calls`` timed calls
 (their median is the round's time); the table gives the median over the rounds of each time
-and of the paired ratios. Every implementation writes into its own preallocated output:
+and of the paired ratios. The outputs come from a pool of preallocated arrays, one per
+implementation, dealt out afresh each round (round r gives implementation i array (i + r) mod
+the pool's size), so that every implementation writes into every array equally often: on Zen 3
+the same kernel ran 10 % slower into one of four arrays of the same shape and alignment than
+into another (their pages' placement; the arrays are large enough for NumPy to ask for huge
+pages), a bias a fixed array per implementation would carry into every ratio. The
+implementations:
 
 - ``cyattn``: ``cyattn.softmax(x, out=out)`` (threads through threadpoolctl), the host's rule
   for non-temporal stores (``softmax_stream_min_bytes()``);
@@ -38,6 +44,19 @@ def _time(fn, calls):
     return statistics.median(ts)
 
 
+def _call(name, x, out, nt, log, fn, kern, peers):
+    """Implementation ``name``'s call on ``x`` into ``out`` (ONNX Runtime: a session bound to
+    ``out``, made once)."""
+    if name == "cyattn":
+        return functools.partial(fn, x, out=out)
+    if name in ("cyattn-ord", "cyattn-nt"):
+        return functools.partial(kern.softmax_fast, x, out, log, nt, np.empty,
+                                 1 << 62 if name == "cyattn-ord" else 0)
+    if name == "ort":
+        return peers.ort_softmax(x, None, nt, out=out)[0]
+    return functools.partial(np.copyto, out, x)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=16384)
@@ -65,29 +84,29 @@ def main(argv=None):
     for n in lens:
         x = rng.standard_normal((args.rows, n), dtype=np.float32)
         gb = 2 * x.nbytes / 1e9
-        outs = {k: np.empty_like(x) for k in ("cyattn", "cyattn-ord", "cyattn-nt", "ort", "copy")}
         for nt in threads:
-            impls = {"cyattn": functools.partial(fn, x, out=outs["cyattn"])}
-            if not args.no_ord:
-                impls["cyattn-ord"] = functools.partial(
-                    kern.softmax_fast, x, outs["cyattn-ord"], args.log, nt, np.empty, 1 << 62)
-            if args.nt:
-                impls["cyattn-nt"] = functools.partial(
-                    kern.softmax_fast, x, outs["cyattn-nt"], args.log, nt, np.empty, 0)
-            if not args.no_ort and not args.log and peers.ort_module() is not None:
-                impls["ort"] = peers.ort_softmax(x, None, nt)[0]
-            impls["copy"] = functools.partial(np.copyto, outs["copy"], x)
+            names = ["cyattn"] + ([] if args.no_ord else ["cyattn-ord"]) + (
+                ["cyattn-nt"] if args.nt else []) + (
+                ["ort"] if not args.no_ort and not args.log and peers.ort_module() is not None
+                else []) + ["copy"]
+            pool = [np.zeros_like(x) for _ in names]
+            impls = {k: [_call(k, x, out, nt, args.log, fn, kern, peers) for out in pool]
+                     for k in names}
             times = {k: [] for k in impls}
             with threadpool_limits(nt):
                 for r in range(args.rounds):
                     order = list(impls) if r % 2 == 0 else list(impls)[::-1]
                     for k in order:
+                        call = impls[k][(list(impls).index(k) + r) % len(pool)]
                         time.sleep(0.2)
-                        impls[k]()
-                        times[k].append(_time(impls[k], args.calls))
-            for k in ("cyattn-ord", "cyattn-nt"):
-                if k in impls:
-                    assert np.array_equal(outs["cyattn"], outs[k]), f"{k}: bits differ"
+                        call()
+                        times[k].append(_time(call, args.calls))
+                impls["cyattn"][0]()
+                for k in ("cyattn-ord", "cyattn-nt"):
+                    if k in impls:
+                        impls[k][1]()
+                        assert np.array_equal(pool[0], pool[1]), f"{k}: bits differ"
+            del impls, pool
             med = {k: statistics.median(v) for k, v in times.items()}
             print(f"\nrows of {n} ({x.nbytes / 2**20:.0f} MiB in and out), {nt} thread(s)")
             for k, v in med.items():

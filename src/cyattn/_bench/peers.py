@@ -116,10 +116,11 @@ def _ort_session(nodes, inputs, output, n_threads, initializers=()):
     return call
 
 
-def ort_softmax(x, mask, n_threads):
-    """Softmax over the last axis of float32 ``x`` (``mask``: bool, True = take part)."""
+def ort_softmax(x, mask, n_threads, out=None):
+    """Softmax over the last axis of float32 ``x`` (``mask``: bool, True = take part), into
+    ``out`` (bound once; a new array if None)."""
     from onnx import helper, numpy_helper
-    out = np.empty_like(x)
+    out = np.empty_like(x) if out is None else out
     if mask is None:
         call = _ort_session([helper.make_node("Softmax", ["X"], ["Y"], axis=-1)], {"X": x},
                             out, n_threads)
