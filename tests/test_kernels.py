@@ -840,9 +840,9 @@ def test_softmax_streamed_rows_match_the_pipelined_rows_bits(variant, n_threads,
     # by non-temporal stores from a scratch row (cyattn_softmax_rows_f32_nt): the stores only
     # differ, so the bits must be those of the ordinary pipelined rows. stream_min (0: always
     # stream, huge: never) takes either path on small arrays; outputs at every alignment of
-    # the vector stores (an offset of 1-15 floats), declined rows (NaN, +inf, a score more than
-    # 87 below the maximum, all -inf) between streamed ones, in place or not, and the public
-    # call above the host's threshold.
+    # the vector stores (an offset of 1-15 floats) and just before a page boundary, declined
+    # rows (NaN, +inf, a score more than 87 below the maximum, all -inf) between streamed
+    # ones, in place or not, and the public call above the host's threshold.
     kern = cyattn._backend.kernels
     assert kern.softmax_stream_min_bytes() > 0
     rng = np.random.default_rng(46)
@@ -860,6 +860,16 @@ def test_softmax_streamed_rows_match_the_pipelined_rows_bits(variant, n_threads,
             if off == 0:
                 assert kern.softmax_fast(x, fast, log, n_threads, np.empty, 0) is fast
                 np.testing.assert_array_equal(fast.view(np.uint32), ref.view(np.uint32))
+        # each row's scratch row starts at that row of y's offset in its 4 KiB page, up to the
+        # page's last float (cyattn_softmax_rows_f32_nt): outputs that start 1-16 floats
+        # before a page boundary
+        for back in (1, 3, 16):
+            buf = np.empty(x.size + 2048, np.float32)
+            start = (-(buf.ctypes.data // 4) - back) % 1024
+            got = buf[start:start + x.size].reshape(x.shape)
+            assert (got.ctypes.data + 4 * back) % 4096 == 0
+            kern.softmax_rows(x, got, None, None, 0, 0, 0, 0, log, n_threads, 0)
+            np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
         inplace = x.copy()
         kern.softmax_rows(inplace, inplace, None, None, 0, 0, 0, 0, log, n_threads, 0)
         np.testing.assert_array_equal(inplace.view(np.uint32), ref.view(np.uint32))

@@ -35,6 +35,8 @@ cdef extern from "_cyattn_support.h" nogil:
                          Py_ssize_t vs, Py_ssize_t nv, Py_ssize_t pf_bytes)
     int CYATTN_ROWK
     int CYATTN_ROWS_STREAM
+    int CYATTN_NT_PAGE
+    Py_ssize_t CYATTN_NT_SCRATCH(Py_ssize_t n)
     int CYATTN_ROWS_STREAM_MIN_ROW
     void cyattn_rows_max_min_f32(const float* x, Py_ssize_t n, float* pmax, float* pmin)
     void cyattn_rows_exp_sum_f32(const float* x, float* y, Py_ssize_t n, float shift, float* part)

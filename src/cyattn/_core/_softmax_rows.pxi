@@ -486,12 +486,14 @@ cdef void softmax_row_run_stream(const float* x, float* y, Py_ssize_t r0, Py_ssi
     cannot be allocated, softmax_row_run). A function of its own: with both bodies inlined
     into one, the pipelined rows of the avx2 variant ran about 5 % slower in cache."""
     cdef Py_ssize_t r = r0
-    cdef void* raw = malloc(n * sizeof(float) + ALIGN)
+    # a scratch row at each row of y's offset in its page (cyattn_softmax_rows_f32_nt says why)
+    cdef void* raw = malloc(CYATTN_NT_SCRATCH(n) * sizeof(float) + CYATTN_NT_PAGE)
     cdef float* scratch
     if raw == NULL:
         softmax_row_run(x, y, r0, r1, n, log_out)
         return
-    scratch = <float*>(((<uintptr_t>raw) + ALIGN - 1) & ~(<uintptr_t>(ALIGN - 1)))
+    scratch = <float*>(((<uintptr_t>raw) + CYATTN_NT_PAGE - 1)
+                       & ~(<uintptr_t>(CYATTN_NT_PAGE - 1)))
     while r < r1:
         r += cyattn_softmax_rows_f32_nt(x + r * n, y + r * n, scratch, r1 - r, n, log_out)
         if r < r1:
