@@ -83,7 +83,10 @@ cdef void panel_online_softmax(floating* panel, Py_ssize_t kb, floating* row_m, 
                     kept_min[j] = s if s < kept_min[j] else kept_min[j]
             for j in range(NR):
                 kept_nonpos = kept_nonpos & (kept_min[j] - shift[j] >= normal)
-        if nonpos:                  # no masked or far-off score: the same bits, fewer steps
+        if nonpos and CYATTN_HAVE_PANEL_EXP24 and NR == 24:
+            # avx2: the same, the three vectors of a key in lockstep (_cyattn_softmax_rows.h)
+            cyattn_panel_exp24_f32(<float*>panel, kb, <const float*>shift, <float*>part)
+        elif nonpos:                # no masked or far-off score: the same bits, fewer steps
             for p in range(kb):
                 row = panel + p * NR
                 for j in range(NR):

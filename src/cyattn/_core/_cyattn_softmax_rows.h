@@ -158,6 +158,59 @@ static inline void cyattn_rexp_nonpos_lock(CYATTN_RV* v, const float* x, CYATTN_
     for (k = 0; k < CYATTN_RN; k++)
         v[k] = cyattn_rmul(p[k], cyattn_rpow2(t[k]));
 }
+/* The fused attention's panel exp (panel_online_softmax, _attention_fused.pxi, with no masked
+   or far-off score): panel[p * 24 + j] = exp_f32_nonpos(panel[p * 24 + j] - shift[j]) and
+   part[j] += it, key p after key p - 1, for the 24 query lanes of the avx2 tiles, the three
+   vectors of a key in lockstep as cyattn_rexp_nonpos_lock does (the same operations on every
+   lane, and the same order of each lane's sum, so the same bits). gcc's vectorisation of the
+   Cython loop ran one vector's chain after the other: 9.4 against 7.7 ns a key of 24 lanes on
+   Zen 3 (a C harness, 128 keys in L1). */
+#define CYATTN_HAVE_PANEL_EXP24 1
+static inline void cyattn_panel_exp24_f32(float* panel, ptrdiff_t kb, const float* shift,
+                                          float* part) {
+    CYATTN_RV sh[3], acc[3];
+    ptrdiff_t p;
+    int k;
+    for (k = 0; k < 3; k++) {
+        sh[k] = cyattn_rload(shift + k * CYATTN_RW);
+        acc[k] = cyattn_rload(part + k * CYATTN_RW);
+    }
+    for (p = 0; p < kb; p++) {
+        float* row = panel + p * 24;
+        CYATTN_RV t[3], nn[3], r[3], q[3], v[3];
+        for (k = 0; k < 3; k++)
+            v[k] = cyattn_rsub(cyattn_rload(row + k * CYATTN_RW), sh[k]);
+        for (k = 0; k < 3; k++)
+            t[k] = cyattn_rfma(v[k], cyattn_rset1(1.44269504088896341f),
+                               cyattn_rset1(12582912.0f));
+        for (k = 0; k < 3; k++)
+            nn[k] = cyattn_rsub(t[k], cyattn_rset1(12582912.0f));
+        for (k = 0; k < 3; k++)
+            r[k] = cyattn_rfnma(nn[k], cyattn_rset1(0.693145751953125f), v[k]);
+        for (k = 0; k < 3; k++)
+            r[k] = cyattn_rfnma(nn[k], cyattn_rset1(1.428606765330187045e-06f), r[k]);
+        for (k = 0; k < 3; k++)
+            q[k] = cyattn_rfma(cyattn_rset1(0.001381461275741458f), r[k],
+                               cyattn_rset1(0.008368710055947304f));
+        for (k = 0; k < 3; k++)
+            q[k] = cyattn_rfma(q[k], r[k], cyattn_rset1(0.04166838899254799f));
+        for (k = 0; k < 3; k++)
+            q[k] = cyattn_rfma(q[k], r[k], cyattn_rset1(0.1666652113199234f));
+        for (k = 0; k < 3; k++)
+            q[k] = cyattn_rfma(q[k], r[k], cyattn_rset1(0.4999999403953552f));
+        for (k = 0; k < 3; k++)
+            q[k] = cyattn_rfma(q[k], r[k], cyattn_rset1(1.0f));
+        for (k = 0; k < 3; k++)
+            q[k] = cyattn_rfma(q[k], r[k], cyattn_rset1(1.0f));
+        for (k = 0; k < 3; k++) {
+            v[k] = cyattn_rmul(q[k], cyattn_rpow2(t[k]));
+            cyattn_rstore(row + k * CYATTN_RW, v[k]);
+            acc[k] = cyattn_radd(acc[k], v[k]);
+        }
+    }
+    for (k = 0; k < 3; k++)
+        cyattn_rstore(part + k * CYATTN_RW, acc[k]);
+}
 #define CYATTN_REXP_STEP(v, x, vs) cyattn_rexp_nonpos_lock(v, x, vs)
 #define CYATTN_REXP_GET(v, k, x, vs) ((v)[k])
 #else
@@ -581,6 +634,14 @@ static inline ptrdiff_t cyattn_softmax_rows_f32_nt(const float* x, float* y, flo
     return 0;
 }
 static inline void cyattn_sfence(void) {
+}
+#endif
+
+#ifndef CYATTN_HAVE_PANEL_EXP24     /* only the avx2 variant has it (CYATTN_RLOCK) */
+#define CYATTN_HAVE_PANEL_EXP24 0
+static inline void cyattn_panel_exp24_f32(float* panel, ptrdiff_t kb, const float* shift,
+                                          float* part) {
+    (void)panel; (void)kb; (void)shift; (void)part;
 }
 #endif
 

@@ -48,6 +48,8 @@ cdef extern from "_cyattn_support.h" nogil:
     Py_ssize_t cyattn_softmax_rows_f32_nt(const float* x, float* y, float* s, Py_ssize_t rows,
                                           Py_ssize_t n, int log_out)
     void cyattn_sfence()
+    int CYATTN_HAVE_PANEL_EXP24
+    void cyattn_panel_exp24_f32(float* panel, Py_ssize_t kb, const float* shift, float* part)
     void cyattn_tile12x8_f32(Py_ssize_t kc, const float* pa, Py_ssize_t ps, const float* pb,
                              Py_ssize_t pbs, float* c, Py_ssize_t rsc, float alpha, int overwrite)
     int CYATTN_NEON_TILE
