@@ -129,34 +129,43 @@ static inline CYATTN_RV cyattn_rexp_nonpos(CYATTN_RV x, CYATTN_RV shift) {
    tests/test_kernels.py::test_softmax_nan_payloads_spread. The other variants keep the
    vector-by-vector code (not measured this way: no AVX-512 host, no Arm hardware). */
 #if defined(CYATTN_RLOCK) && CYATTN_RLOCK
-static inline void cyattn_rexp_nonpos_lock(CYATTN_RV* v, const float* x, CYATTN_RV shift) {
+/* cyattn_rexp_nonpos's operations after its subtraction, on the `count` vectors of a
+   (a[k] = x - shift, replaced by its exp) in lockstep: each operation for every vector before
+   the next. The row loops' steps (count CYATTN_RN) and the fused attention's panels (3) share
+   it, so the exp's constants are spelled once for all the lockstep callers. */
+CYATTN_INLINE void cyattn_rexp_lock_n(CYATTN_RV* a, const int count) {
     CYATTN_RV t[CYATTN_RN], nn[CYATTN_RN], r[CYATTN_RN], p[CYATTN_RN];
+    int k;
+    for (k = 0; k < count; k++)
+        t[k] = cyattn_rfma(a[k], cyattn_rset1(1.44269504088896341f), cyattn_rset1(12582912.0f));
+    for (k = 0; k < count; k++)
+        nn[k] = cyattn_rsub(t[k], cyattn_rset1(12582912.0f));
+    for (k = 0; k < count; k++)
+        r[k] = cyattn_rfnma(nn[k], cyattn_rset1(0.693145751953125f), a[k]);
+    for (k = 0; k < count; k++)
+        r[k] = cyattn_rfnma(nn[k], cyattn_rset1(1.428606765330187045e-06f), r[k]);
+    for (k = 0; k < count; k++)
+        p[k] = cyattn_rfma(cyattn_rset1(0.001381461275741458f), r[k],
+                           cyattn_rset1(0.008368710055947304f));
+    for (k = 0; k < count; k++)
+        p[k] = cyattn_rfma(p[k], r[k], cyattn_rset1(0.04166838899254799f));
+    for (k = 0; k < count; k++)
+        p[k] = cyattn_rfma(p[k], r[k], cyattn_rset1(0.1666652113199234f));
+    for (k = 0; k < count; k++)
+        p[k] = cyattn_rfma(p[k], r[k], cyattn_rset1(0.4999999403953552f));
+    for (k = 0; k < count; k++)
+        p[k] = cyattn_rfma(p[k], r[k], cyattn_rset1(1.0f));
+    for (k = 0; k < count; k++)
+        p[k] = cyattn_rfma(p[k], r[k], cyattn_rset1(1.0f));
+    for (k = 0; k < count; k++)
+        a[k] = cyattn_rmul(p[k], cyattn_rpow2(t[k]));
+}
+
+static inline void cyattn_rexp_nonpos_lock(CYATTN_RV* v, const float* x, CYATTN_RV shift) {
     int k;
     for (k = 0; k < CYATTN_RN; k++)
         v[k] = cyattn_rsub(cyattn_rload(x + k * CYATTN_RW), shift);
-    for (k = 0; k < CYATTN_RN; k++)
-        t[k] = cyattn_rfma(v[k], cyattn_rset1(1.44269504088896341f), cyattn_rset1(12582912.0f));
-    for (k = 0; k < CYATTN_RN; k++)
-        nn[k] = cyattn_rsub(t[k], cyattn_rset1(12582912.0f));
-    for (k = 0; k < CYATTN_RN; k++)
-        r[k] = cyattn_rfnma(nn[k], cyattn_rset1(0.693145751953125f), v[k]);
-    for (k = 0; k < CYATTN_RN; k++)
-        r[k] = cyattn_rfnma(nn[k], cyattn_rset1(1.428606765330187045e-06f), r[k]);
-    for (k = 0; k < CYATTN_RN; k++)
-        p[k] = cyattn_rfma(cyattn_rset1(0.001381461275741458f), r[k],
-                           cyattn_rset1(0.008368710055947304f));
-    for (k = 0; k < CYATTN_RN; k++)
-        p[k] = cyattn_rfma(p[k], r[k], cyattn_rset1(0.04166838899254799f));
-    for (k = 0; k < CYATTN_RN; k++)
-        p[k] = cyattn_rfma(p[k], r[k], cyattn_rset1(0.1666652113199234f));
-    for (k = 0; k < CYATTN_RN; k++)
-        p[k] = cyattn_rfma(p[k], r[k], cyattn_rset1(0.4999999403953552f));
-    for (k = 0; k < CYATTN_RN; k++)
-        p[k] = cyattn_rfma(p[k], r[k], cyattn_rset1(1.0f));
-    for (k = 0; k < CYATTN_RN; k++)
-        p[k] = cyattn_rfma(p[k], r[k], cyattn_rset1(1.0f));
-    for (k = 0; k < CYATTN_RN; k++)
-        v[k] = cyattn_rmul(p[k], cyattn_rpow2(t[k]));
+    cyattn_rexp_lock_n(v, CYATTN_RN);
 }
 /* The fused attention's panel exp (panel_online_softmax, _attention_fused.pxi, with no masked
    or far-off score): panel[p * 24 + j] = exp_f32_nonpos(panel[p * 24 + j] - shift[j]) and
@@ -177,33 +186,11 @@ static inline void cyattn_panel_exp24_f32(float* panel, ptrdiff_t kb, const floa
     }
     for (p = 0; p < kb; p++) {
         float* row = panel + p * 24;
-        CYATTN_RV t[3], nn[3], r[3], q[3], v[3];
+        CYATTN_RV v[3];
         for (k = 0; k < 3; k++)
             v[k] = cyattn_rsub(cyattn_rload(row + k * CYATTN_RW), sh[k]);
-        for (k = 0; k < 3; k++)
-            t[k] = cyattn_rfma(v[k], cyattn_rset1(1.44269504088896341f),
-                               cyattn_rset1(12582912.0f));
-        for (k = 0; k < 3; k++)
-            nn[k] = cyattn_rsub(t[k], cyattn_rset1(12582912.0f));
-        for (k = 0; k < 3; k++)
-            r[k] = cyattn_rfnma(nn[k], cyattn_rset1(0.693145751953125f), v[k]);
-        for (k = 0; k < 3; k++)
-            r[k] = cyattn_rfnma(nn[k], cyattn_rset1(1.428606765330187045e-06f), r[k]);
-        for (k = 0; k < 3; k++)
-            q[k] = cyattn_rfma(cyattn_rset1(0.001381461275741458f), r[k],
-                               cyattn_rset1(0.008368710055947304f));
-        for (k = 0; k < 3; k++)
-            q[k] = cyattn_rfma(q[k], r[k], cyattn_rset1(0.04166838899254799f));
-        for (k = 0; k < 3; k++)
-            q[k] = cyattn_rfma(q[k], r[k], cyattn_rset1(0.1666652113199234f));
-        for (k = 0; k < 3; k++)
-            q[k] = cyattn_rfma(q[k], r[k], cyattn_rset1(0.4999999403953552f));
-        for (k = 0; k < 3; k++)
-            q[k] = cyattn_rfma(q[k], r[k], cyattn_rset1(1.0f));
-        for (k = 0; k < 3; k++)
-            q[k] = cyattn_rfma(q[k], r[k], cyattn_rset1(1.0f));
+        cyattn_rexp_lock_n(v, 3);
         for (k = 0; k < 3; k++) {
-            v[k] = cyattn_rmul(q[k], cyattn_rpow2(t[k]));
             cyattn_rstore(row + k * CYATTN_RW, v[k]);
             acc[k] = cyattn_radd(acc[k], v[k]);
         }
