@@ -41,14 +41,19 @@
 
 /* Whether the host's rule streams softmax outputs past the caches (STREAM_MIN_BYTES in
    _softmax_rows.pxi), and from which row length (CYATTN_ROWS_STREAM_MIN_ROW, floats): with
-   512-bit vectors every row length; with 256-bit ones rows of 1024 floats or more. The
+   512-bit vectors every row length; with 256-bit ones rows of 512 floats or more. The
    256-bit streamed rows (one row at a time, not pipelined) against the pipelined ordinary
-   rows, interleaved, 1 / 2 threads (bench/bench_softmax_stream.py under tools/avx2_host.sh):
-   Zen 5: rows of 2048 at 0.9x, rows of 512 level at 1 thread and 0.9x at 2; Zen 4 (32 MiB
-   L3): rows of 2048 1.3-1.6x (32-128 MiB out), rows of 1024 1.3x, rows of 512 1.05-1.15x
-   (noisy). Short rows stay on the pipelined ordinary rows, where neither host gains much from
-   streaming and Zen 5 loses; the issue-46 hosts whose ordinary rows of 2048 trailed ONNX
-   Runtime (Zen 3, an AVX2 view of a Xeon) were all 256-bit. An explicit stream_min still takes
+   rows, interleaved, 1 / 2 threads, speed ratios (bench/bench_softmax_stream.py --nt, under
+   tools/avx2_host.sh on the AVX-512 hosts): Zen 5: rows of 2048 at 0.9x, rows of 512 level at
+   1 thread and 0.9x at 2; Zen 4 (32 MiB L3): rows of 2048 1.3-1.6x (32-128 MiB out), rows of
+   1024 1.3x, rows of 512 1.05-1.15x (noisy); Zen 3, a native AVX2 CPU, once the scratch row
+   was placed (see cyattn_softmax_rows_f32_nt; 32 MiB out, three runs): rows of 512 1.07,
+   1.08, 1.10x at 1 thread and 1.14, 1.09, 1.04x at 2, rows of 256 0.93-0.99x, rows of 128
+   0.72-0.91x. Shorter rows stay on the pipelined ordinary rows: the streamed row's own passes
+   (one row at a time, in cache 215-229 ns a row of 512 against the pipelined rows' 197 on
+   Zen 3) then cost more than the read for ownership saves. The issue-46 hosts whose ordinary
+   rows trailed ONNX Runtime (Zen 3, an AVX2 view of a Xeon) were all 256-bit; Zen 5 runs the
+   512-bit variant. An explicit stream_min still takes
    the streamed rows in any variant (the tests do); NEON has no non-temporal store intrinsic
    and never streams by rule. */
 #if defined(CYATTN_RW) && CYATTN_RW == 16
@@ -56,7 +61,7 @@
 #define CYATTN_ROWS_STREAM_MIN_ROW 0
 #elif defined(CYATTN_RW) && CYATTN_RW == 8
 #define CYATTN_ROWS_STREAM 1
-#define CYATTN_ROWS_STREAM_MIN_ROW 1024
+#define CYATTN_ROWS_STREAM_MIN_ROW 512
 #else
 #define CYATTN_ROWS_STREAM 0
 #define CYATTN_ROWS_STREAM_MIN_ROW 0

@@ -230,7 +230,7 @@ def softmax_stream_min_bytes():
 
 def softmax_stream_min_row():
     """Row length (floats) from which the rule of softmax_stream_min_bytes() applies: 0 with
-    512-bit vectors, 1024 with 256-bit ones (shorter rows keep the pipelined ordinary rows)."""
+    512-bit vectors, 512 with 256-bit ones (shorter rows keep the pipelined ordinary rows)."""
     return STREAM_MIN_ROW
 
 
