@@ -26,4 +26,26 @@ static int cyattn_omp_num_procs(void) { return 1; }
 static int cyattn_omp_pause(void) { return -1; }
 #endif
 
+/* The next task of a call's shared counter *c (then one more): the threads of one parallel
+   region take tasks in order, each the next one as it finishes its last, so a thread slowed
+   by anything else on its core is not left holding a fixed share while the other waits at the
+   region's barrier. The counter is the caller's local, shared by its region only. Relaxed:
+   only the count is shared; each task's inputs and outputs are ordered by the region's
+   barrier. */
+#include <stddef.h>
+#if defined(_MSC_VER) && !defined(__clang__)
+#include <intrin.h>
+static inline ptrdiff_t cyattn_next_task(ptrdiff_t* c) {
+#if defined(_WIN64)
+    return (ptrdiff_t)_InterlockedExchangeAdd64((volatile __int64*)c, 1);
+#else
+    return (ptrdiff_t)_InterlockedExchangeAdd((volatile long*)c, 1);
+#endif
+}
+#else
+static inline ptrdiff_t cyattn_next_task(ptrdiff_t* c) {
+    return __atomic_fetch_add(c, 1, __ATOMIC_RELAXED);
+}
+#endif
+
 #endif /* CYATTN_OMP_H */

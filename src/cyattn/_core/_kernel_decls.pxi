@@ -76,6 +76,7 @@ cdef extern from "_cyattn_support.h" nogil:
     int cyattn_omp_max_threads()
     int cyattn_omp_num_procs()
     int cyattn_omp_pause()
+    Py_ssize_t cyattn_next_task(Py_ssize_t* c)
     void cyattn_transpose_8x8_f32(const float* a, Py_ssize_t rsa, float* dst, Py_ssize_t ldd)
     void cyattn_transpose_4x8_f32(const float* a, Py_ssize_t rsa, float* dst, Py_ssize_t ldd)
     void cyattn_transpose_scale_f32(const float* ot, Py_ssize_t ot_rs, float* out, Py_ssize_t o_rs,
