@@ -73,12 +73,15 @@ quick_suites=(
     tests/test_bf16_fast.py               # bf16 matmul fast path
     tests/test_amx_decode.py              # bf16 decode on AMX tiles (the model; ~3 s plain)
     tests/test_errors.py                  # allocation refusal and failed calls' scratch
+    tests/test_threads.py                 # thread counts (the fused tasks' shared counter)
 )
-# Left out of the quick run: the softmax and matmul kernels (stable, covered by the full run),
-# tests that run no kernel (the oracle against NumPy; ONNX, not installed here), and the
-# baseline variant's runs (the quick run checks the SIMD variants the dispatcher picks on this
-# CPU; on an AVX2 host the baseline's runs were 775 of its 2,041 tests, which took 1,201 s).
-quick_skip='not softmax and not matmul and not onnx and not oracle_matches_numpy and not baseline'
+# Left out of the quick run: the matmul kernels (stable, covered by the full run), tests that
+# run no kernel (the oracle against NumPy; ONNX, not installed here), and the baseline
+# variant's runs (the quick run checks the SIMD variants the dispatcher picks on this CPU; on
+# an AVX2 host the baseline's runs were 775 of its 2,041 tests, which took 1,201 s). The
+# softmax tests are in: the streamed and pipelined rows keep changing (issue 46), and their
+# 322 tests of the SIMD variants took 10 s under the sanitizers on a Zen 3 host.
+quick_skip='not matmul and not onnx and not oracle_matches_numpy and not baseline'
 quick=0
 torch_pin=torch==2.13.0          # as in .ci/run
 # ml_dtypes (pinned as in .ci/run): without it the bfloat16 and float8 tests -- the bf16 fast
