@@ -87,6 +87,9 @@ cdef enum:
     KC = 256          # depth of a packed panel
     QB = 64           # query rows per block of the two-pass (fallback) attention path
     KB = 256          # keys per block of the fused attention (score tile qg x KB)
+    PACK_COLS = 16    # columns of a column-major A (keys of V^T) per pass over its panels
+    #                   (pack_a): each panel's piece of them, 16 x mr floats, is written
+    #                   whole before the next panel's
     QG = 256          # query rows per fused attention task when E + Ev > 256 (halved down
     #                   to 64 for parallelism)
     QG_DENSE = 1024   # the same for E + Ev <= 256: K and V are packed once per task, so
