@@ -48,7 +48,7 @@
    1 thread and 0.9x at 2; Zen 4 (32 MiB L3): rows of 2048 1.3-1.6x (32-128 MiB out), rows of
    1024 1.3x, rows of 512 1.05-1.15x (noisy); Zen 3, a native AVX2 CPU, once the scratch row
    was placed (see cyattn_softmax_rows_f32_nt; 32 MiB out, three runs): rows of 512 1.07,
-   1.08, 1.10x at 1 thread and 1.14, 1.09, 1.04x at 2, rows of 256 0.93-0.99x, rows of 128
+   1.08, 1.10x at 1 thread and 1.14, 1.09, 1.04x at 2, rows of 256 0.91-0.99x, rows of 128
    0.72-0.91x. Shorter rows stay on the pipelined ordinary rows: the streamed row's own passes
    (one row at a time, in cache 215-229 ns a row of 512 against the pipelined rows' 197 on
    Zen 3) then cost more than the read for ownership saves. The issue-46 hosts whose ordinary
