@@ -88,14 +88,6 @@ cdef inline void axpy2(floating* acc, floating w0, const floating* v0, floating 
         acc[e] = x + w1 * v1[e]
 
 
-cdef inline void prefetch_row(const void* row, Py_ssize_t nbytes) noexcept nogil:
-    """Prefetch (into L2) each 64-byte line of row[0:nbytes]."""
-    cdef Py_ssize_t off = 0
-    while off < nbytes:
-        cyattn_prefetch_r(<const char*>row + off)
-        off += 64
-
-
 cdef void decode_chunk(const floating* q, Py_ssize_t q_rs,
                        const void* k, Py_ssize_t k_rs,
                        const void* v, Py_ssize_t v_rs, int kv_fmt,

@@ -251,16 +251,12 @@ cdef bint bool_block_empty(const uint8_t* bmask, Py_ssize_t m_rs, Py_ssize_t m_c
 
 cdef inline void prefetch_rows(const floating* a, Py_ssize_t n_rows, Py_ssize_t rs,
                                Py_ssize_t n) noexcept nogil:
-    """Prefetch rows 0 .. n_rows of a (row stride rs elements, n contiguous elements each),
-    every cache line of each row. A prefetch is not an access: past the array it never
-    faults."""
-    cdef Py_ssize_t r, e
-    cdef Py_ssize_t step = 64 // sizeof(floating)
+    """Prefetch rows 0 .. n_rows of a (row stride rs elements, n contiguous elements each):
+    prefetch_row's lines of each, and the line of its last element (a row not aligned to a
+    line ends in one more)."""
+    cdef Py_ssize_t r
     for r in range(n_rows):
-        e = 0
-        while e < n:
-            cyattn_prefetch_r(a + r * rs + e)
-            e += step
+        prefetch_row(a + r * rs, n * <Py_ssize_t>sizeof(floating))
         cyattn_prefetch_r(a + r * rs + n - 1)
 
 
@@ -547,11 +543,11 @@ cdef int attention_worker(const void* q, const int64_t* q_off, Py_ssize_t q_rs,
                           floating* out, const int64_t* o_off, Py_ssize_t o_rs, floating* lse,
                           Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E,
                           Py_ssize_t Ev, floating scale, const AttnVariant* var,
-                          Py_ssize_t qg, bint want_lse, Py_ssize_t first,
-                          Py_ssize_t step, int* half_redo, Py_ssize_t* deal) noexcept nogil:
-    """Fused attention tasks with this worker's own scratch: first, first + step, ..., or,
-    with deal, each next one of the call's shared counter (cyattn_next_task); 1 if the scratch
-    cannot be allocated. See fused_attention."""
+                          Py_ssize_t qg, bint want_lse, int* half_redo,
+                          Py_ssize_t* deal) noexcept nogil:
+    """Fused attention tasks with this worker's own scratch, each the next one of the call's
+    counter *deal (cyattn_next_task); 1 if the scratch cannot be allocated. See
+    fused_attention."""
     cdef Py_ssize_t groups = (L + qg - 1) // qg
     cdef Py_ssize_t ntasks = batch * groups
     cdef Py_ssize_t t, bi, i0, rows, mo, ob
@@ -601,7 +597,7 @@ cdef int attention_worker(const void* q, const int64_t* q_off, Py_ssize_t q_rs,
     row_m = <floating*>align_ptr(<char*>ot + bytes_o)
     if bytes_stage:
         stage = <float*>align_ptr(<char*>row_m + bytes_rows)
-    t = cyattn_next_task(deal) if deal != NULL else first
+    t = cyattn_next_task(deal)
     while t < ntasks:
         bi = t % batch
         i0 = (t // batch) * qg
@@ -632,7 +628,7 @@ cdef int attention_worker(const void* q, const int64_t* q_off, Py_ssize_t q_rs,
                                i0, rows, S, E, Ev, scale, &lim):
             free(raw)
             return 1
-        t = cyattn_next_task(deal) if deal != NULL else t + step
+        t = cyattn_next_task(deal)
     free(raw)
     return 0
 
@@ -671,11 +667,11 @@ cdef void fused_attention(const void* q, const int64_t* q_off, Py_ssize_t q_rs, 
     if n_threads <= 1:
         if attention_worker(q, q_off, q_rs, q_cs, q_fmt, k, k_off, k_rs, k_cs, v, v_off, v_rs,
                             v_cs, kv_fmt, bmask, amask, m_off, m_rs, m_cs, out, o_off, o_rs, lse, batch, L,
-                            S, E, Ev, scale, var, qg, want_lse, 0, 1, half_redo, NULL):
+                            S, E, Ev, scale, var, qg, want_lse, half_redo, &deal):
             status[0] = 1
         return
     for w in prange(n_threads, num_threads=n_threads, schedule='static', chunksize=1):
         if attention_worker(q, q_off, q_rs, q_cs, q_fmt, k, k_off, k_rs, k_cs, v, v_off, v_rs,
                             v_cs, kv_fmt, bmask, amask, m_off, m_rs, m_cs, out, o_off, o_rs, lse, batch, L,
-                            S, E, Ev, scale, var, qg, want_lse, w, n_threads, half_redo, &deal):
+                            S, E, Ev, scale, var, qg, want_lse, half_redo, &deal):
             status[0] = 1

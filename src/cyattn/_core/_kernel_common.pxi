@@ -104,3 +104,12 @@ cdef enum:
     DECODE_CHUNK = 512   # keys per decode task (fixed: results must not depend on threads)
     ALIGN = 64        # scratch alignment in bytes
     SMALL_MNK = 96 * 96 * 96   # matmul products up to this size run unpacked (gemm_small)
+
+
+cdef inline void prefetch_row(const void* row, Py_ssize_t nbytes) noexcept nogil:
+    """Prefetch (into L2) each 64-byte line of row[0:nbytes] (the decode loops, the fused
+    attention's value rows). A prefetch is not an access: past an array it never faults."""
+    cdef Py_ssize_t off = 0
+    while off < nbytes:
+        cyattn_prefetch_r(<const char*>row + off)
+        off += 64
