@@ -1,17 +1,17 @@
 """SDPA at 1 and 2 threads against ONNX Runtime, all four interleaved in one process (issue 46).
 
 Per round, each of cyattn at 1 thread, ONNX Runtime at 1 thread, cyattn at 2 threads and ONNX
-Runtime at 2 threads in turn: a pause of 0.05 s, one untimed call, then ``--calls`` timed calls
-(their median is the round's time). Prints each one's median time, the median over rounds of
-the paired ratios ONNX Runtime / cyattn at each thread count (> 1: cyattn faster) and each
-engine's 2-thread speed-up. float32, no mask, scale 1 / sqrt(E). Usage::
+Runtime at 2 threads in turn, timed by the bench harness's ``interleaved`` (a pause of 0.05 s,
+untimed calls, then calls for about ``--target`` seconds). Prints each one's median time, the
+median over rounds of the paired ratios ONNX Runtime / cyattn at each thread count (> 1:
+cyattn faster) and each engine's 2-thread speed-up. float32, no mask, scale 1 / sqrt(E).
+Usage::
 
     PYTHONPATH=src python bench/bench_sdpa_threads.py --shape 8,8,128,64
-    PYTHONPATH=src python bench/bench_sdpa_threads.py --shape 1,8,2048,64 --calls 5 --rounds 7
+    PYTHONPATH=src python bench/bench_sdpa_threads.py --shape 1,8,2048,64 --rounds 7
 """
 import argparse
 import statistics
-import time
 
 import numpy as np
 
@@ -19,11 +19,12 @@ import numpy as np
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="8,8,128,64", help="B,H,L,E (S = L, Ev = E)")
-    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--target", type=float, default=0.05, help="seconds of calls a sample")
     ap.add_argument("--rounds", type=int, default=11)
     args = ap.parse_args(argv)
     import cyattn
     from cyattn._bench import peers
+    from cyattn._bench.timing import interleaved, paired_ratio
     shape = tuple(int(a) for a in args.shape.split(","))
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal(shape).astype(np.float32) for _ in range(3))
@@ -34,22 +35,12 @@ def main(argv=None):
             q, k, v, out=out, n_threads=t))
         ort = peers.ort_attention(q, k, v, None, False, 1 / np.sqrt(shape[-1]), t)
         fns[f"ort {t}"] = ort[0] if isinstance(ort, tuple) else ort
-    res = {name: [] for name in fns}
-    for _ in range(args.rounds):
-        for name, fn in fns.items():
-            time.sleep(0.05)
-            fn()
-            ts = []
-            for _ in range(args.calls):
-                t0 = time.perf_counter()
-                fn()
-                ts.append(time.perf_counter() - t0)
-            res[name].append(statistics.median(ts))
+    res = interleaved(fns, samples=args.rounds, target=args.target, pause=0.05)
 
     def ratio(a, b):
-        return statistics.median(x / y for x, y in zip(res[a], res[b]))
+        return paired_ratio(res[a], res[b])
 
-    print(f"sdpa {shape} float32; {args.rounds} rounds x {args.calls} calls")
+    print(f"sdpa {shape} float32; {args.rounds} rounds of about {args.target} s a sample")
     for name in fns:
         print(f"  {name:<9} {statistics.median(res[name]) * 1e3:8.3f} ms")
     print(f"  ort / cyattn: {ratio('ort 1', 'cyattn 1'):.3f} at 1 thread, "
