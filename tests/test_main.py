@@ -200,6 +200,35 @@ def test_bench_rerun_with_a_forced_blas_coretype(monkeypatch):
     assert len(seen) == 2
 
 
+def test_bench_rerun_pins_blas_threads_without_threadpoolctl(monkeypatch):
+    """The quick bench without threadpoolctl: NumPy's BLAS (and the OpenMP runtime) would run
+    on every core beside cyattn's one thread (matmul n=256 read 0.56x NumPy on 2 cores), so it
+    re-runs itself with the thread variables set to its thread count; no re-run when they
+    already are, when threadpoolctl can pin the pools, or without a thread count."""
+    from cyattn._bench import timing
+    seen = []
+    monkeypatch.setattr(timing.subprocess, "call", lambda cmd, env: seen.append(env) or 5)
+    monkeypatch.delenv(timing._CHILD_MARK, raising=False)
+    for name in timing.BLAS_ENV_VARS + timing.THREAD_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(timing, "have_threadpoolctl", lambda: False)
+    msg = io.StringIO()
+    assert timing.rerun_without_blas_overrides(["x"], out=msg, threads=1) == 5
+    assert all(seen[-1][k] == "1" for k in timing.THREAD_ENV_VARS)
+    assert seen[-1][timing._CHILD_MARK] == "1" and "threadpoolctl" in msg.getvalue()
+    assert timing.rerun_without_blas_overrides(["x"], out=io.StringIO()) is None
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")      # some set, to another count: re-run
+    assert timing.rerun_without_blas_overrides(["x"], out=io.StringIO(), threads=2) == 5
+    assert all(seen[-1][k] == "2" for k in timing.THREAD_ENV_VARS)
+    for name in timing.THREAD_ENV_VARS:
+        monkeypatch.setenv(name, "2")
+    assert timing.env_thread_pins(2) == list(timing.THREAD_ENV_VARS)
+    assert timing.rerun_without_blas_overrides(["x"], out=io.StringIO(), threads=2) is None
+    monkeypatch.setattr(timing, "have_threadpoolctl", lambda: True)
+    assert timing.rerun_without_blas_overrides(["x"], out=io.StringIO(), threads=3) is None
+    assert len(seen) == 2
+
+
 # ------------------------------------------------------------------------------------------
 # The full harness (bench --full, bench/run.py): units, report, command line. No timings.
 # ------------------------------------------------------------------------------------------

@@ -166,7 +166,7 @@ def cmd_bench(threads=None, mode="standard"):
     """The quick bench (cyattn vs NumPy) at ``threads`` (default 1)."""
     threads = threads or 1
     rc = _bench.rerun_without_blas_overrides(
-        ["-m", "cyattn", "bench", "--mode", mode, "--threads", str(threads)])
+        ["-m", "cyattn", "bench", "--mode", mode, "--threads", str(threads)], threads=threads)
     if rc is not None:
         return rc
     return _bench.run_quick_bench(n_threads=threads, mode=mode)

@@ -8,7 +8,11 @@ Measurement rules (see bench/README.md in the repository for the full harness):
   and the **median of the paired ratios** (NumPy time / cyattn time of the same round).
 * NumPy's BLAS is pinned to the same thread count as cyattn with ``threadpoolctl`` when it is
   installed (it limits the OpenMP runtime too, which is how :func:`cyattn.softmax`, which has no
-  ``n_threads`` argument, gets the same count). Without it, the table says so.
+  ``n_threads`` argument, gets the same count). Without it the quick bench re-runs itself in a
+  child process whose ``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS`` and
+  ``BLIS_NUM_THREADS`` are its one thread count (:data:`THREAD_ENV_VARS`: read when numpy and
+  the OpenMP runtime load), and the table names them; the full harness, which runs several
+  thread counts in one process, says it is not limited.
 * ``OPENBLAS_CORETYPE`` / ``OPENBLAS_L2_SIZE`` in the environment make OpenBLAS pick slow kernels
   (up to 5x). They act when numpy is loaded, so the bench re-runs itself in a child process
   without them (:func:`blas_env_overrides`, :func:`rerun_without_blas_overrides`) and says so.
@@ -50,11 +54,11 @@ from .plot import PLOT_NAME, write_plot
 from .quick import BenchCase, quick_cases, run_quick_bench
 from .report import fmt_size, fmt_time, render_markdown
 from .runner import run_full
-from .timing import (BLAS_ENV_VARS, Progress, blas_env_overrides, calibrate, child_env,
-                     interleaved, paired_ratio, rerun_without_blas_overrides, summary,
-                     thread_limits)
+from .timing import (BLAS_ENV_VARS, THREAD_ENV_VARS, Progress, blas_env_overrides, calibrate,
+                     child_env, interleaved, paired_ratio, rerun_without_blas_overrides,
+                     summary, thread_limits)
 
-__all__ = ["BLAS_ENV_VARS", "blas_env_overrides", "rerun_without_blas_overrides", "child_env",
+__all__ = ["BLAS_ENV_VARS", "THREAD_ENV_VARS", "blas_env_overrides", "rerun_without_blas_overrides", "child_env",
            "calibrate", "interleaved", "summary", "paired_ratio", "Progress", "thread_limits",
            "np_softmax", "np_masked_softmax", "np_attention", "quick_cases", "run_quick_bench",
            "FULL_GROUPS", "Spec", "sdpa_flops", "build_specs", "select_specs", "prepare",

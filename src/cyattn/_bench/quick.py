@@ -7,7 +7,8 @@ import time
 import numpy as np
 
 from .cases import np_attention, np_softmax
-from .timing import Progress, interleaved, paired_ratio, summary, thread_limits
+from .timing import (Progress, env_thread_pins, interleaved, paired_ratio, summary,
+                     thread_limits)
 
 
 class BenchCase:
@@ -134,9 +135,15 @@ def run_quick_bench(n_threads=1, mode="standard", out=None, progress=True):
     if bar:
         bar.close()
     elapsed = time.perf_counter() - t_start
-    pinned = ("numpy's BLAS and OpenMP pinned with threadpoolctl" if limits.active else
-              "threadpoolctl not installed: numpy's BLAS and the OpenMP runtime, so also "
-              "cyattn.softmax, use their default thread counts")
+    env_pins = env_thread_pins(n_threads)
+    if limits.active:
+        pinned = "numpy's BLAS and OpenMP pinned with threadpoolctl"
+    elif env_pins:
+        pinned = (f"threadpoolctl not installed: numpy's BLAS and the OpenMP runtime pinned "
+                  f"by {', '.join(f'{k}={n_threads}' for k in env_pins)}")
+    else:
+        pinned = ("threadpoolctl not installed: numpy's BLAS and the OpenMP runtime, so also "
+                  "cyattn.softmax, use their default thread counts")
     print(f"bench: float32, {n_threads} thread{'s' if n_threads != 1 else ''} ({pinned}); "
           f"variant {cyattn.config()['variant']}; median of {samples} interleaved samples",
           file=out)

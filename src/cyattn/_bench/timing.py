@@ -19,6 +19,9 @@ import sysconfig
 import time
 
 BLAS_ENV_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+# The thread counts the BLAS libraries NumPy may link (and the OpenMP runtime) read when they load
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                   "BLIS_NUM_THREADS")
 _CHILD_MARK = "CYATTN_BENCH_CLEAN_ENV"
 
 
@@ -53,7 +56,22 @@ def child_env(remove=(), extra=None):
     return env
 
 
-def rerun_without_blas_overrides(args, out=None, coretype=None):
+def have_threadpoolctl():
+    """Whether threadpoolctl (which :class:`thread_limits` needs) can be imported."""
+    try:
+        import threadpoolctl  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def env_thread_pins(n_threads, environ=None):
+    """The :data:`THREAD_ENV_VARS` set to ``n_threads`` in ``environ`` (default os.environ)."""
+    environ = os.environ if environ is None else environ
+    return [k for k in THREAD_ENV_VARS if environ.get(k) == str(n_threads)]
+
+
+def rerun_without_blas_overrides(args, out=None, coretype=None, threads=None):
     """If OpenBLAS overrides are set (and this is not already the clean child), run
     ``python <args>`` without them and return its exit code; else return None.
 
@@ -61,12 +79,25 @@ def rerun_without_blas_overrides(args, out=None, coretype=None):
     ``coretype``: the child runs with ``OPENBLAS_CORETYPE=coretype`` alone instead (re-run
     unless the environment is already exactly that), e.g. ``"Haswell"`` so that NumPy's
     OpenBLAS runs its AVX2 kernels beside cyattn's forced avx2 variant on an AVX-512 host.
+    ``threads``: the one thread count of the bench; when threadpoolctl is not installed (so
+    NumPy's BLAS cannot be limited once loaded), the child also gets every
+    :data:`THREAD_ENV_VARS` set to it (re-run unless they already are), so that NumPy's BLAS
+    runs on as many threads as cyattn instead of on all the cores.
     """
     found = blas_env_overrides()
     want = {"OPENBLAS_CORETYPE": coretype} if coretype else {}
-    if found == want or os.environ.get(_CHILD_MARK):
+    pin = {}
+    if threads is not None and not have_threadpoolctl():
+        pin = {k: str(threads) for k in THREAD_ENV_VARS}
+    pinned = all(os.environ.get(k) == v for k, v in pin.items())
+    if os.environ.get(_CHILD_MARK) or (found == want and pinned):
         return None
     out = out or sys.stdout
+    if not pinned:
+        print(f"bench: threadpoolctl is not installed, so numpy's BLAS cannot be limited once "
+              f"loaded; re-running the benchmark in a child process with "
+              f"{', '.join(f'{k}={threads}' for k in THREAD_ENV_VARS)} "
+              f"(`pip install threadpoolctl` avoids the re-run)", file=out, flush=True)
     if found:
         names = ", ".join(f"{k}={v}" for k, v in found.items())
         verb, it = ("are", "them") if len(found) > 1 else ("is", "it")
@@ -75,7 +106,7 @@ def rerun_without_blas_overrides(args, out=None, coretype=None):
               f"in a child process without {it}"
               + (f", with OPENBLAS_CORETYPE={coretype} (--blas-coretype)" if coretype else "")
               + " (this process's environment is left as it is)", file=out, flush=True)
-    env = child_env(remove=BLAS_ENV_VARS, extra={_CHILD_MARK: "1", **want})
+    env = child_env(remove=BLAS_ENV_VARS, extra={_CHILD_MARK: "1", **want, **pin})
     return subprocess.call([sys.executable] + list(args), env=env)
 
 
