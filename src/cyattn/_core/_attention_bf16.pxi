@@ -297,10 +297,11 @@ cdef int bf16_attention_worker(const uint16_t* q, const int64_t* q_off, Py_ssize
                                Py_ssize_t m_rs, Py_ssize_t m_cs, float* out, float* lse,
                                Py_ssize_t batch, Py_ssize_t L, Py_ssize_t S, Py_ssize_t E,
                                Py_ssize_t Ev, float scale, const AttnVariant* var,
-                               Py_ssize_t qg, bint want_lse, Py_ssize_t first, Py_ssize_t step,
-                               int engine, int* redo) noexcept nogil:
-    """Tasks first, first + step, ... (as attention_worker) with this worker's own scratch;
-    1 if it cannot be allocated. A row whose result is not finite sets redo[0] = 1. On tiles
+                               Py_ssize_t qg, bint want_lse, int engine, int* redo,
+                               Py_ssize_t* deal) noexcept nogil:
+    """Tasks with this worker's own scratch, each the next one of the call's counter *deal
+    (cyattn_next_task, as attention_worker); 1 if the scratch cannot be allocated (its tasks
+    are left to the other workers). A row whose result is not finite sets redo[0] = 1. On tiles
     (engine) the buffers hold the tile layouts, and the tile state is loaded before the first
     task and released after the last."""
     cdef Py_ssize_t groups = (L + qg - 1) // qg
@@ -355,7 +356,7 @@ cdef int bf16_attention_worker(const uint16_t* q, const int64_t* q_off, Py_ssize
             cyattn_amx_begin_hw(tctx)
         else:
             cyattn_amx_begin_model(tctx)
-    t = first
+    t = cyattn_next_task(deal)
     while t < ntasks:
         bi = t % batch
         i0 = (t // batch) * qg
@@ -374,7 +375,7 @@ cdef int bf16_attention_worker(const uint16_t* q, const int64_t* q_off, Py_ssize
         for r in range(rows):
             if row_nonfinite(out + ob + r * Ev, lse[bi * L + i0 + r], Ev):
                 redo[0] = 1
-        t += step
+        t = cyattn_next_task(deal)
     if tiles:
         if engine == BF16_TILES_HW:
             cyattn_amx_end_hw(tctx)
@@ -395,13 +396,15 @@ cdef void bf16_attention_run(const uint16_t* q, const int64_t* q_off, Py_ssize_t
                             bint want_lse, int n_threads, int engine, int* status,
                             int* redo) noexcept nogil:
     """The bf16 fast path over all tasks (query groups as attention_run chooses them for the
-    fused path; they change no bit); status[0] = 1 if scratch could not be allocated.
+    fused path; they change no bit), each thread taking the next task as it finishes one (a
+    shared counter, as fused_attention does); status[0] = 1 if scratch could not be allocated.
     engine: BF16_EMUL, BF16_DOT_HW, BF16_ARM_MODEL, BF16_ARM_HW (bf16_engine),
     BF16_TILES_MODEL or BF16_TILES_HW."""
     cdef Py_ssize_t qg = QG_DENSE if E + Ev <= 256 else QG
     cdef Py_ssize_t per_thread = 8 if n_threads > 1 and (var.causal or var.has_right) else 2
     cdef Py_ssize_t tasks = batch * ((L + qg - 1) // qg)
     cdef Py_ssize_t w
+    cdef Py_ssize_t deal = 0
     if batch <= 0 or L <= 0:
         return
     while qg > 64 and tasks < per_thread * n_threads:
@@ -412,12 +415,11 @@ cdef void bf16_attention_run(const uint16_t* q, const int64_t* q_off, Py_ssize_t
     if n_threads <= 1:
         if bf16_attention_worker(q, q_off, q_rs, q_cs, k, k_off, k_rs, k_cs, v, v_off, v_rs,
                                  v_cs, bmask, amask, m_off, m_rs, m_cs, out, lse, batch, L, S,
-                                 E, Ev, scale, var, qg, want_lse, 0, 1, engine, redo):
+                                 E, Ev, scale, var, qg, want_lse, engine, redo, &deal):
             status[0] = 1
         return
     for w in prange(n_threads, num_threads=n_threads, schedule='static', chunksize=1):
         if bf16_attention_worker(q, q_off, q_rs, q_cs, k, k_off, k_rs, k_cs, v, v_off, v_rs,
                                  v_cs, bmask, amask, m_off, m_rs, m_cs, out, lse, batch, L,
-                                 S, E, Ev, scale, var, qg, want_lse, w, n_threads, engine,
-                                 redo):
+                                 S, E, Ev, scale, var, qg, want_lse, engine, redo, &deal):
             status[0] = 1
