@@ -718,6 +718,24 @@ def test_softmax_unmasked_rows_match_the_general_path_bits(variant, dtype, log):
 
 
 @softmax_fns
+def test_softmax_exp_of_every_argument_range_matches_the_general_path_bits(variant, log):
+    # The float32 rows' exp for arguments in [EXP_NORMAL_F32, 0] (the avx2 variant applies 2**n
+    # by an integer add to the exponent field, the general path by two scalings): a row of 0
+    # (its maximum) and 63 scores spread over every 4099th float32 in [-87, 0] by bit
+    # pattern (about 273,000), so each score is its own exp argument, in rows of 64 and 512
+    # (the streamed rows take the same exp: test_softmax_streamed_rows_match_the_pipelined_rows_bits).
+    bits = np.arange(0x80000000, 0xC2AE0000 + 1, 4099, dtype=np.uint64).astype(np.uint32)
+    vals = bits.view(np.float32)
+    vals = vals[(vals >= -87.0) & (vals <= 0.0)]
+    for n in (64, 512):
+        rows = -(-vals.size // (n - 1))
+        x = np.zeros((rows, n), np.float32)
+        x[:, 1:].flat[:vals.size] = vals
+        general = _sm(log)(x, mask=np.zeros(x.shape, np.float32))
+        np.testing.assert_array_equal(_sm(log)(x), general)
+
+
+@softmax_fns
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 def test_softmax_bool_masked_rows_match_the_general_path_bits(variant, dtype, log):
     # float32 rows under a bool mask of unit column stride take cyattn_softmax_row_f32's
