@@ -723,7 +723,8 @@ def test_softmax_exp_of_every_argument_range_matches_the_general_path_bits(varia
     # by an integer add to the exponent field, the general path by two scalings): a row of 0
     # (its maximum) and 63 scores spread over every 4099th float32 in [-87, 0] by bit
     # pattern (about 273,000), so each score is its own exp argument, in rows of 64 and 512
-    # (the streamed rows take the same exp: test_softmax_streamed_rows_match_the_pipelined_rows_bits).
+    # (the streamed rows take the same exp:
+    # test_softmax_streamed_rows_match_the_pipelined_rows_bits).
     bits = np.arange(0x80000000, 0xC2AE0000 + 1, 4099, dtype=np.uint64).astype(np.uint32)
     vals = bits.view(np.float32)
     vals = vals[(vals >= -87.0) & (vals <= 0.0)]

@@ -58,8 +58,9 @@ from .timing import (BLAS_ENV_VARS, THREAD_ENV_VARS, Progress, blas_env_override
                      child_env, interleaved, paired_ratio, rerun_without_blas_overrides,
                      summary, thread_limits)
 
-__all__ = ["BLAS_ENV_VARS", "THREAD_ENV_VARS", "blas_env_overrides", "rerun_without_blas_overrides", "child_env",
-           "calibrate", "interleaved", "summary", "paired_ratio", "Progress", "thread_limits",
+__all__ = ["BLAS_ENV_VARS", "THREAD_ENV_VARS", "blas_env_overrides",
+           "rerun_without_blas_overrides", "child_env", "calibrate", "interleaved", "summary",
+           "paired_ratio", "Progress", "thread_limits",
            "np_softmax", "np_masked_softmax", "np_attention", "quick_cases", "run_quick_bench",
            "FULL_GROUPS", "Spec", "sdpa_flops", "build_specs", "select_specs", "prepare",
            "measure_fma_peak", "measure_read_bandwidth", "measure_memory", "run_full",

@@ -129,16 +129,17 @@ static inline CYATTN_RV cyattn_rexp_nonpos(CYATTN_RV x, CYATTN_RV shift) {
    pipelined rows 217 -> 190 ns). Lockstep over 8 vectors (64 lanes) ran 1.4x slower than over
    4: 16 registers do not hold eight chains. The lockstep code also applies 2**n by an integer
    add to p's exponent field (cyattn_rscale2n) instead of the multiply by cyattn_rpow2(t): one
-   operation fewer on the FMA ports, which bound this loop, and a shorter chain. For an argument
-   in [EXP_NORMAL_F32, 0] (the contract of every caller) p * 2**n is a normal number and both
-   are exact: the same bits (checked in a C harness on every float there). With n taken from
-   the shifter sum's bits (t << 23) the add was wrong for a NaN score with payload bits in the
-   low 9 (they shifted into the exponent and turned p's NaN into a number; the rows let a NaN
-   through their max / min pass and count on the exp to spread it:
+   multiply fewer on the two FMA pipes and a shorter chain (what bounds the loop on Zen 3 is
+   the chain: bench/results/x86_peers.md, sixth session). For an argument in
+   [EXP_NORMAL_F32, 0] (the contract of every caller) p * 2**n is a normal number and both are
+   exact: the same bits (a C harness compared 141,934,593 arguments there and NaNs). With n
+   taken from the shifter sum's bits (t << 23) the add was wrong for a NaN score with payload
+   bits in the low 9 (they shifted into the exponent and turned p's NaN into a number; the
+   rows let a NaN through their max / min pass and count on the exp to spread it:
    tests/test_kernels.py::test_softmax_nan_payloads_spread); n converted from nn is 0x80000000
    for a NaN, whose shift is 0, so p's NaN passes as the multiply passes it. Zen 3, C harness,
-   exp pass of rows of 512 (2048): 158.6 -> 144.8 (629 -> 610) ns a row. The other variants keep
-   the vector-by-vector code (not measured this way: no AVX-512 host, no Arm hardware). */
+   exp pass of rows of 512 (2048): 158.6 -> 144.8 (629 -> 610) ns a row. The other variants
+   keep the vector-by-vector code (not measured this way: no AVX-512 host, no Arm hardware). */
 #if defined(CYATTN_RLOCK) && CYATTN_RLOCK
 /* cyattn_rexp_nonpos's operations after its subtraction, on the `count` vectors of a
    (a[k] = x - shift, replaced by its exp) in lockstep: each operation for every vector before
