@@ -136,7 +136,10 @@ static inline CYATTN_RV cyattn_rexp_nonpos(CYATTN_RV x, CYATTN_RV shift) {
    harness compared 141,934,593 arguments in [-87, 0] and NaNs) and the exp pass ran 1.09x
    faster, whole rows 1.01-1.02x; not kept, because the larger code moved the GEMM
    micro-kernel's k loop across a third 64-byte fetch window in that build and SDPA
-   (8,8,128,64) ran 0.95x (bench/results/x86_peers.md, sixth session). The other variants keep
+   (8,8,128,64) ran 0.95x (bench/results/x86_peers.md, sixth session). That loop is now
+   aligned where it stands (cyattn_kloop4x24_f32, seventh session): with it, a build with the
+   add ran SDPA at 1.007-1.012 of main's, but the rows' own 1-2 % did not stand out of that
+   host's noise in one process, so the multiply stays. The other variants keep
    the vector-by-vector code (not measured this way: no AVX-512 host, no Arm hardware). */
 #if defined(CYATTN_RLOCK) && CYATTN_RLOCK
 /* cyattn_rexp_nonpos's operations after its subtraction, on the `count` vectors of a

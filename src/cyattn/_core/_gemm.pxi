@@ -33,6 +33,11 @@
 #   DMR x DNR micro-kernel reads A's rows and B's rows in place (4 rows keep the row pointers
 #   in registers; 8 spilled them), with the same multiply-adds in the same order, so the same
 #   bits. Packing was a third of an n=64 product.
+# * The avx2 variant runs the 4 x 24 micro-kernel's k steps after the first in C
+#   (cyattn_kloop4x24_f32, isa/_cyattn_vec_avx2.h), inlined, the loop started on a 64-byte
+#   boundary: compiled here, the loop's place moved with unrelated code, and where it
+#   straddled three 64-byte fetch windows instead of two SDPA (8,8,128,64) ran 1-8 % slower
+#   on Zen 3 (bench/results/x86_peers.md, sixth and seventh sessions).
 
 cdef inline void transpose_8x8(const floating* a, Py_ssize_t rsa, floating* dst,
                                Py_ssize_t ldd) noexcept nogil:
@@ -332,16 +337,23 @@ cdef void micro_kernel_f32(Py_ssize_t kc, const float* pa, const float* pb,
             a_i = pa[i]
             for j in range(NR):
                 acc[i][j] = a_i * pb[j] + zero
-        for p in range(1, kc):
-            # B's next panel (contiguous in a packed B; a prefetch past its end is harmless);
-            # a constant of the variant (B_PREFETCH), so the branch is compiled away
-            if B_PREFETCH:
-                cyattn_prefetch_r(pb + (p + 256) * NR)
-                cyattn_prefetch_r(pb + (p + 256) * NR + 16)
-            for i in range(MR):
-                a_i = pa[p * MR + i]
-                for j in range(NR):
-                    acc[i][j] += a_i * pb[p * NR + j]
+        if CYATTN_KLOOP_4X24:
+            # avx2 (B_PREFETCH 0): steps 1 to kc - 1 in C, the loop 64-byte aligned, the
+            # same sums (isa/_cyattn_vec_avx2.h says why); a C constant, so the branch is
+            # compiled away
+            cyattn_kloop4x24_f32(kc, pa, pb, &acc[0][0])
+        else:
+            for p in range(1, kc):
+                # B's next panel (contiguous in a packed B; a prefetch past its end is
+                # harmless); a constant of the variant (B_PREFETCH), so the branch is compiled
+                # away
+                if B_PREFETCH:
+                    cyattn_prefetch_r(pb + (p + 256) * NR)
+                    cyattn_prefetch_r(pb + (p + 256) * NR + 16)
+                for i in range(MR):
+                    a_i = pa[p * MR + i]
+                    for j in range(NR):
+                        acc[i][j] += a_i * pb[p * NR + j]
     if CYATTN_TILE_OUT_FMA:
         # aarch64: C (+)= alpha acc by explicit fused multiply-adds, as in every micro-kernel
         # there (isa/_cyattn_vec_neon.h says why); a C constant, 0 on x86

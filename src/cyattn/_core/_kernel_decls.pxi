@@ -52,6 +52,8 @@ cdef extern from "_cyattn_support.h" nogil:
     void cyattn_panel_exp24_f32(float* panel, Py_ssize_t kb, const float* shift, float* part)
     void cyattn_tile12x8_f32(Py_ssize_t kc, const float* pa, Py_ssize_t ps, const float* pb,
                              Py_ssize_t pbs, float* c, Py_ssize_t rsc, float alpha, int overwrite)
+    int CYATTN_KLOOP_4X24
+    void cyattn_kloop4x24_f32(Py_ssize_t kc, const float* pa, const float* pb, float* acc)
     int CYATTN_NEON_TILE
     void cyattn_tile8x12_f32(Py_ssize_t kc, const float* pa, const float* pb, float* acc)
     int CYATTN_TILE8X12_OUT

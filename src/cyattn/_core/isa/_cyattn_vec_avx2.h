@@ -5,7 +5,9 @@
  *     masked FMA of cyattn_wsum_rows; the key groups (2 keys) of cyattn_dot_rows and their
  *     lane trees;
  *   - softmax rows: the CYATTN_R* operations on 256-bit vectors with vector masks, and the
- *     32-lane sum and max/min.
+ *     32-lane sum and max/min;
+ *   - the float32 GEMM micro-kernel's k loop (cyattn_kloop4x24_f32; CYATTN_KLOOP_4X24 is 0 in
+ *     every other variant, which keep the loop in _gemm.pxi).
  * Included after _cyattn_vec_avx512.h: each section applies only where that header left its
  * vocabulary undefined (CYATTN_VW, CYATTN_RW), so the avx512 variant uses its own wider
  * vectors. C because Cython cannot express SIMD vector types or intrinsics.
@@ -132,6 +134,77 @@ static inline float cyattn_rmax32(const CYATTN_RV* v, int want_max) {
     d = want_max ? _mm_max_ps(d, _mm_movehl_ps(d, d)) : _mm_min_ps(d, _mm_movehl_ps(d, d));
     d = want_max ? _mm_max_ss(d, _mm_shuffle_ps(d, d, 1)) : _mm_min_ss(d, _mm_shuffle_ps(d, d, 1));
     return _mm_cvtss_f32(d);
+}
+#endif
+
+/* ---- the float32 micro-kernel's k loop ------------------------------------------------ */
+/* The avx2 variant's 4 x 24 micro-kernel (micro_kernel_f32, _gemm.pxi) runs its k steps 1 to
+   kc - 1 here, inlined, padded to a 64-byte boundary right before the loop, so the loop of
+   12 FMAs (111 bytes with gcc 12) sits in two 64-byte fetch windows in every build (gcc 12
+   may put a register move and its own 16-byte alignment after the padding: the loop starts
+   at byte 0 or 8 of a line). Compiled from the
+   Cython loop, its place moved with unrelated code; on Zen 3, SDPA (8,8,128,64) at 1 thread
+   ran 0.92-0.99 of main's build (medians of six in-process runs) with the loop moved into
+   three windows by a change to the softmax rows' exp, and 1.007-1.012 with the same change
+   and this loop (bench/results/x86_peers.md, seventh session). -falign-loops=64 does not
+   reach it: gcc aligns only loops it counts hot against the hottest block of the function.
+   The sums are the micro-kernel's, in the same order (one FMA per update, as gcc contracts
+   `acc += a * b` there), so the bits are the same.
+   acc: the MR x NR (4 x 24) accumulator tile, row-major, holding step 0's products. */
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) \
+    && (defined(__GNUC__) || defined(__clang__))
+#define CYATTN_KLOOP_4X24 1
+CYATTN_INLINE void cyattn_kloop4x24_f32(ptrdiff_t kc, const float* pa, const float* pb,
+                                       float* acc) {
+    /* twelve named accumulators: as an array of vectors gcc kept them on the stack */
+    __m256 c00 = _mm256_loadu_ps(acc), c01 = _mm256_loadu_ps(acc + 8),
+           c02 = _mm256_loadu_ps(acc + 16), c10 = _mm256_loadu_ps(acc + 24),
+           c11 = _mm256_loadu_ps(acc + 32), c12 = _mm256_loadu_ps(acc + 40),
+           c20 = _mm256_loadu_ps(acc + 48), c21 = _mm256_loadu_ps(acc + 56),
+           c22 = _mm256_loadu_ps(acc + 64), c30 = _mm256_loadu_ps(acc + 72),
+           c31 = _mm256_loadu_ps(acc + 80), c32 = _mm256_loadu_ps(acc + 88);
+    if (kc > 1) {
+        const float* a = pa + 4;
+        const float* b = pb + 24;
+        const float* a_end = pa + kc * 4;
+        /* the padding to a 64-byte boundary (run once a call) goes right before the loop:
+           the asm takes the loop's pointers, so gcc places none of their setup after it */
+        __asm__ volatile(".p2align 6" : "+r"(a), "+r"(b), "+r"(a_end));
+        do {
+            __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+            __m256 b2 = _mm256_loadu_ps(b + 16);
+            __m256 ai = _mm256_broadcast_ss(a);
+            c00 = _mm256_fmadd_ps(ai, b0, c00);
+            c01 = _mm256_fmadd_ps(ai, b1, c01);
+            c02 = _mm256_fmadd_ps(ai, b2, c02);
+            ai = _mm256_broadcast_ss(a + 1);
+            c10 = _mm256_fmadd_ps(ai, b0, c10);
+            c11 = _mm256_fmadd_ps(ai, b1, c11);
+            c12 = _mm256_fmadd_ps(ai, b2, c12);
+            ai = _mm256_broadcast_ss(a + 2);
+            c20 = _mm256_fmadd_ps(ai, b0, c20);
+            c21 = _mm256_fmadd_ps(ai, b1, c21);
+            c22 = _mm256_fmadd_ps(ai, b2, c22);
+            ai = _mm256_broadcast_ss(a + 3);
+            c30 = _mm256_fmadd_ps(ai, b0, c30);
+            c31 = _mm256_fmadd_ps(ai, b1, c31);
+            c32 = _mm256_fmadd_ps(ai, b2, c32);
+            a += 4;
+            b += 24;
+        } while (a != a_end);
+    }
+    _mm256_storeu_ps(acc, c00); _mm256_storeu_ps(acc + 8, c01); _mm256_storeu_ps(acc + 16, c02);
+    _mm256_storeu_ps(acc + 24, c10); _mm256_storeu_ps(acc + 32, c11);
+    _mm256_storeu_ps(acc + 40, c12); _mm256_storeu_ps(acc + 48, c20);
+    _mm256_storeu_ps(acc + 56, c21); _mm256_storeu_ps(acc + 64, c22);
+    _mm256_storeu_ps(acc + 72, c30); _mm256_storeu_ps(acc + 80, c31);
+    _mm256_storeu_ps(acc + 88, c32);
+}
+#else
+#define CYATTN_KLOOP_4X24 0     /* other variants: micro_kernel_f32 keeps its k loop */
+static inline void cyattn_kloop4x24_f32(ptrdiff_t kc, const float* pa, const float* pb,
+                                        float* acc) {
+    (void)kc; (void)pa; (void)pb; (void)acc;
 }
 #endif
 
