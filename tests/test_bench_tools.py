@@ -4,6 +4,9 @@
   case and variant, and refuses what it cannot compare. The installed build is compared with
   itself through a second directory (a link to the package), so no second build is needed; the
   timing itself is not asserted (no timed tests).
+* tools/ab_inprocess.py, the in-process A/B of builds of one variant: it runs (the loaded
+  variant's module given twice), prints a ratio per build, and refuses a bad case, a missing
+  file and builds of two variants.
 * tools/avx2_host.sh: a command run through it sees a CPU without AVX-512, so cyattn (like the
   peers) picks its AVX2 kernels; where the host has AVX-512 and CPUID faulting.
 """
@@ -116,3 +119,36 @@ def test_insn_per_flop_counts_the_same_call_the_same(tmp_path):
     _, again = ipf.count(cmd, env, 1, ["gemm"])
     assert abs(per_call["gemm"] - again["gemm"]) <= 0.01 * again["gemm"]
     assert 0.06 < per_call["gemm"] / flops < 0.3      # 12 FMAs (192 flops) in a 23-insn loop
+
+
+INPROC = TOOL.parent / "ab_inprocess.py"
+
+
+def _run_inproc(*args):
+    return subprocess.run([sys.executable, str(INPROC), *map(str, args)],
+                          env=child_env(None, clear_backend=True), capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize("case", ["sdpa:1,2,8,8", "matmul:8", "softmax:3,16"])
+def test_ab_inprocess_prints_a_ratio_per_build(case):
+    so = _backend.load_variant("baseline").__file__
+    res = _run_inproc(so, so, "--case", case, "--rounds", "2", "--samples", "1")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith(case.split(":")[0] + " (") and "2 rounds" in lines[0]
+    assert len(lines) == 2 and lines[1].strip().startswith(so + ": median ")
+
+
+def test_ab_inprocess_refuses_what_it_cannot_compare(tmp_path):
+    so = _backend.load_variant("baseline").__file__
+    res = _run_inproc(so, so, "--case", "sdpa:1,2")
+    assert res.returncode == 2 and "expected sdpa:B,H,L,E" in res.stderr
+    res = _run_inproc(so, tmp_path / "missing.so")
+    assert res.returncode == 2 and "is not a file" in res.stderr
+    res = _run_inproc(so)
+    assert res.returncode == 2 and "need two builds" in res.stderr
+    other = [v for v in _backend.available_variants() if v != "baseline"]
+    if other:
+        res = _run_inproc(so, _backend.load_variant(other[0]).__file__, "--rounds", "1")
+        assert res.returncode == 1 and "not loadable as _kernels_baseline" in res.stderr
