@@ -719,9 +719,9 @@ def test_softmax_unmasked_rows_match_the_general_path_bits(variant, dtype, log):
 
 @softmax_fns
 def test_softmax_exp_of_every_argument_range_matches_the_general_path_bits(variant, log):
-    # The float32 rows' exp for arguments in [EXP_NORMAL_F32, 0] (the explicit vectors apply
-    # 2**n as one factor, the general path as two scalings; an integer add to the exponent
-    # field was tried on avx2 and must keep these bits too): a row of 0
+    # The float32 rows' exp for arguments in [EXP_NORMAL_F32, 0] (the avx2 variant applies 2**n
+    # by an integer add to the exponent field, the other explicit vectors as one factor, the
+    # general path as two scalings): a row of 0
     # (its maximum) and 63 scores spread over every 4099th float32 in [-87, 0] by bit
     # pattern (about 273,000), so each score is its own exp argument, in rows of 64 and 512
     # (the streamed rows take the same exp:

@@ -127,20 +127,25 @@ static inline CYATTN_RV cyattn_rexp_nonpos(CYATTN_RV x, CYATTN_RV shift) {
    made the exp pass 1.2x and the pipelined rows of 512 1.15x faster in cache (Zen 3, 1 thread,
    a C harness over this header, min of 21 interleaved runs: exp pass 144 -> 121 ns a row,
    pipelined rows 217 -> 190 ns). Lockstep over 8 vectors (64 lanes) ran 1.4x slower than over
-   4: 16 registers do not hold eight chains. Applying 2**n by an integer add to p's exponent
-   field instead of the multiply gained another 6 % but is wrong for a NaN score with payload
-   bits in the low 9 (its shifter sum's bits shift into the exponent and turn p's NaN into a
-   number; the rows let a NaN through their max / min pass and count on the exp to spread it):
-   tests/test_kernels.py::test_softmax_nan_payloads_spread. With n converted from nn instead
-   (cvttps2dq gives 0x80000000 for a NaN, whose shift is 0) the add keeps the bits (a C
-   harness compared 141,934,593 arguments in [-87, 0] and NaNs) and the exp pass ran 1.09x
-   faster, whole rows 1.01-1.02x; not kept, because the larger code moved the GEMM
-   micro-kernel's k loop across a third 64-byte fetch window in that build and SDPA
-   (8,8,128,64) ran 0.95x (bench/results/x86_peers.md, sixth session). That loop is now
-   aligned where it stands (cyattn_kloop4x24_f32, seventh session): with it, a build with the
-   add ran SDPA at 1.007-1.012 of main's, but the rows' own 1-2 % did not stand out of that
-   host's noise in one process, so the multiply stays. The other variants keep
-   the vector-by-vector code (not measured this way: no AVX-512 host, no Arm hardware). */
+   4: 16 registers do not hold eight chains. The lockstep code also applies 2**n by an integer
+   add to p's exponent field (cyattn_rscale2n) instead of the multiply by cyattn_rpow2(t): one
+   multiply fewer on the two FMA pipes and a shorter chain (what bounds the loop on Zen 3 is
+   the chain: bench/results/x86_peers.md, sixth session). For an argument in
+   [EXP_NORMAL_F32, 0] (the contract of every caller) p * 2**n is a normal number and both are
+   exact: the same bits (a C harness compared 141,934,593 arguments there and NaNs;
+   tests/test_kernels.py::test_softmax_exp_of_every_argument_range_matches_the_general_path_bits).
+   With n taken from the shifter sum's bits (t << 23) the add was wrong for a NaN score with
+   payload bits in the low 9 (they shifted into the exponent and turned p's NaN into a number;
+   the rows let a NaN through their max / min pass and count on the exp to spread it:
+   tests/test_kernels.py::test_softmax_nan_payloads_spread); n converted from nn is 0x80000000
+   for a NaN, whose shift is 0, so p's NaN passes as the multiply passes it. Zen 3, C harness,
+   exp pass of rows of 512 (2048): 158.6 -> 144.8 (629 -> 610) ns a row; in one process, rows
+   of 512 in cache 1.02-1.05 of main where a build with main's code ran 0.96-0.99. First landed
+   in the sixth session and reverted: its longer code moved the GEMM micro-kernel's k loop
+   into a third 64-byte fetch window and SDPA (8,8,128,64) ran 0.92-0.99 of main; with that
+   loop aligned where it stands (cyattn_kloop4x24_f32, seventh session), 1.007-1.012. The
+   other variants keep the vector-by-vector code (not measured this way: no AVX-512 host, no
+   Arm hardware). */
 #if defined(CYATTN_RLOCK) && CYATTN_RLOCK
 /* cyattn_rexp_nonpos's operations after its subtraction, on the `count` vectors of a
    (a[k] = x - shift, replaced by its exp) in lockstep: each operation for every vector before
@@ -171,7 +176,7 @@ CYATTN_INLINE void cyattn_rexp_lock_n(CYATTN_RV* a, const int count) {
     for (k = 0; k < count; k++)
         p[k] = cyattn_rfma(p[k], r[k], cyattn_rset1(1.0f));
     for (k = 0; k < count; k++)
-        a[k] = cyattn_rmul(p[k], cyattn_rpow2(t[k]));
+        a[k] = cyattn_rscale2n(p[k], nn[k]);
 }
 
 static inline void cyattn_rexp_nonpos_lock(CYATTN_RV* v, const float* x, CYATTN_RV shift) {

@@ -109,6 +109,11 @@ CYATTN_INLINE void cyattn_dot_keys(float* scores, ptrdiff_t ss, const float* q, 
 #define cyattn_rzero_unless(kk, v) _mm256_and_ps((kk), (v))
 #define cyattn_rpow2(t) _mm256_castsi256_ps(_mm256_add_epi32( \
     _mm256_slli_epi32(_mm256_castps_si256(t), 23), _mm256_castps_si256(_mm256_set1_ps(1.0f))))
+/* p * 2**n for n = nn (a float holding an integer) when the product is a normal number, by an
+   integer add of n << 23 to p's bits: the same bits as the multiply there (both exact). A NaN
+   nn converts to 0x80000000, whose shift is 0: p is returned as it is (see cyattn_rexp_lock_n) */
+#define cyattn_rscale2n(p, nn) _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), \
+    _mm256_slli_epi32(_mm256_cvttps_epi32(nn), 23)))
 /* the exp steps of the softmax rows run in lockstep (cyattn_rexp_nonpos_lock) */
 #define CYATTN_RLOCK 1
 
