@@ -147,7 +147,7 @@ static inline float cyattn_rmax32(const CYATTN_RV* v, int want_max) {
    kc - 1 here, inlined, padded to a 64-byte boundary right before the loop, so the loop of
    12 FMAs (111 bytes with gcc 12) sits in two 64-byte fetch windows in every build (gcc 12
    may put a register move and its own 16-byte alignment after the padding: the loop starts
-   at byte 0 or 8 of a line). Compiled from the
+   at byte 0 or 8 of a line; tools/ab_inprocess.py --windows prints it). Compiled from the
    Cython loop, its place moved with unrelated code; on Zen 3, SDPA (8,8,128,64) at 1 thread
    ran 0.92-0.99 of main's build (medians of six in-process runs) with the loop moved into
    three windows by a change to the softmax rows' exp, and 1.007-1.012 with the same change
@@ -159,6 +159,12 @@ static inline float cyattn_rmax32(const CYATTN_RV* v, int want_max) {
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) \
     && (defined(__GNUC__) || defined(__clang__))
 #define CYATTN_KLOOP_4X24 1
+/* one row of the tile, one k step: its three vectors += A[row][p] * B's 24 columns */
+#define CYATTN_K4X24_ROW(ap, r0, r1, r2) {                                              \
+    __m256 ai_ = _mm256_broadcast_ss(ap);                                              \
+    r0 = _mm256_fmadd_ps(ai_, b0, r0);                                                 \
+    r1 = _mm256_fmadd_ps(ai_, b1, r1);                                                 \
+    r2 = _mm256_fmadd_ps(ai_, b2, r2); }
 CYATTN_INLINE void cyattn_kloop4x24_f32(ptrdiff_t kc, const float* pa, const float* pb,
                                        float* acc) {
     /* twelve named accumulators: as an array of vectors gcc kept them on the stack */
@@ -178,22 +184,10 @@ CYATTN_INLINE void cyattn_kloop4x24_f32(ptrdiff_t kc, const float* pa, const flo
         do {
             __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
             __m256 b2 = _mm256_loadu_ps(b + 16);
-            __m256 ai = _mm256_broadcast_ss(a);
-            c00 = _mm256_fmadd_ps(ai, b0, c00);
-            c01 = _mm256_fmadd_ps(ai, b1, c01);
-            c02 = _mm256_fmadd_ps(ai, b2, c02);
-            ai = _mm256_broadcast_ss(a + 1);
-            c10 = _mm256_fmadd_ps(ai, b0, c10);
-            c11 = _mm256_fmadd_ps(ai, b1, c11);
-            c12 = _mm256_fmadd_ps(ai, b2, c12);
-            ai = _mm256_broadcast_ss(a + 2);
-            c20 = _mm256_fmadd_ps(ai, b0, c20);
-            c21 = _mm256_fmadd_ps(ai, b1, c21);
-            c22 = _mm256_fmadd_ps(ai, b2, c22);
-            ai = _mm256_broadcast_ss(a + 3);
-            c30 = _mm256_fmadd_ps(ai, b0, c30);
-            c31 = _mm256_fmadd_ps(ai, b1, c31);
-            c32 = _mm256_fmadd_ps(ai, b2, c32);
+            CYATTN_K4X24_ROW(a, c00, c01, c02)
+            CYATTN_K4X24_ROW(a + 1, c10, c11, c12)
+            CYATTN_K4X24_ROW(a + 2, c20, c21, c22)
+            CYATTN_K4X24_ROW(a + 3, c30, c31, c32)
             a += 4;
             b += 24;
         } while (a != a_end);
