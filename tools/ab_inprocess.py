@@ -9,7 +9,8 @@ arrays rotated between the builds every round (a kernel can run 10 % slower into
 several of the same shape: bench/bench_softmax_stream.py). A round's time of a build is the
 minimum of ``--samples`` timings of enough calls for about 50 ms; the ratio of a build is the
 FIRST build's time / its time (> 1: faster than the first), printed as the median over the
-rounds and its range. SDPA and matmul results must have the same bits in every build (checked).
+rounds and its range. SDPA and matmul results must have the same bits in every build (one
+call each after the timing, checked).
 
 ``--windows`` prints, for each build, where the loops with 12 or more FMAs of the float32
 GEMM micro-kernel (``micro_kernel_f32`` and its clones) start within a 64-byte line and how
@@ -79,9 +80,9 @@ def make_call(kind, shape, n_outs, n_threads):
         n = shape[0]
         a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
         outs = [np.zeros((n, n), np.float32) for _ in range(n_outs)]
-        # alpha 0: the product runs in full and every call leaves out as it was (zeros)
-        return outs, lambda out: cyattn.matmul_accumulate(a, b, out, alpha=0.0,
-                                                          n_threads=n_threads)
+        # timed with alpha 0: the product runs in full and out stays zeros; checked with 1
+        return outs, lambda out, alpha=0.0: cyattn.matmul_accumulate(a, b, out, alpha=alpha,
+                                                                     n_threads=n_threads)
     x = rng.standard_normal(shape, dtype=np.float32) * 4
     outs = [np.empty_like(x) for _ in range(n_outs)]
     return outs, lambda out: cyattn.softmax(x, out=out)       # threads: OMP_NUM_THREADS
@@ -163,9 +164,14 @@ def main(argv=None):
         t = {i: min(run(i, n) for _ in range(args.samples)) for i in order}
         for i in range(len(mods)):
             ratios[i].append(t[0] / t[i])
-    if kind != "softmax":
-        for i in range(1, len(mods)):
-            if not np.array_equal(outs[0], outs[i]):
+    if kind != "softmax":                   # each build once more, into zeros, alpha 1
+        results = []
+        for i in range(len(mods)):
+            _backend.kernels = mods[i]
+            out = np.zeros_like(outs[0])
+            call(out, alpha=1.0) if kind == "matmul" else call(out)
+            results.append(out)
+            if not np.array_equal(results[0], out):
                 raise SystemExit(f"{args.builds[i]}: its results' bits differ from the first's")
     print(f"{kind} {shape}, {args.threads} thread(s), {args.rounds} rounds; ratio = time of "
           f"{args.builds[0]} / time of the build (> 1: faster)")
